@@ -1,0 +1,65 @@
+"""Folders that appear whole or not at all: write into a hidden sibling, rename at the end."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from .errors import ExportError, OutputExistsError
+
+
+def sha256_file(path: Path, chunk: int = 8 * 2**20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+@contextmanager
+def atomic_dir(out: Path, force: bool = False, protect: tuple[Path, ...] = ()) -> Iterator[Path]:
+    """Yield a temporary folder beside `out`; on success it replaces `out` in one rename.
+
+    `protect` lists folders (the source model) that must never be overwritten or written into.
+    On any error the temporary folder is removed and `out` is left as it was.
+    """
+    out = Path(out)
+    for folder in protect:
+        if _inside(out, folder) or _inside(folder, out):
+            raise OutputExistsError(
+                f"output {out} overlaps the source model folder {folder}", "choose an output folder outside the source"
+            )
+    if out.exists() and not force:
+        raise OutputExistsError(f"output folder {out} already exists", "choose another --out or pass --force")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / "old")
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno == errno.ENOSPC:
+            raise ExportError(f"disk full while writing {out}; nothing was left there", "free space and retry") from None
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,170 @@
+"""Make an ablation permanent: zero the o_proj input columns of chosen heads in a new checkpoint.
+
+Streams one shard at a time (never two copies of a large model in memory), leaves every other
+tensor byte-identical, and writes a manifest whose hashes later let push re-verify the export.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import __version__
+from .atomic import atomic_dir, sha256_file
+from .errors import ExportError, ModelLoadError
+from .events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from .heads import Head, HeadLayout, format_heads, parse_heads
+from .loading import SIDE_FILE_PATTERNS, ModelSource, check_shapes, read_config, resolve_model, weight_files
+
+MANIFEST = "headedit.json"
+MANIFEST_FORMAT = 1
+# Files of the source that describe the source itself and must not travel into the export.
+_NOT_COPIED = {MANIFEST, "README.md", ".gitattributes", "model.safetensors.index.json", "validation.json"}
+
+
+def _side_files(path: Path) -> list[Path]:
+    found: dict[str, Path] = {}
+    for pattern in SIDE_FILE_PATTERNS:
+        for file in path.glob(pattern):
+            if file.is_file() and file.name not in _NOT_COPIED:
+                found[file.name] = file
+    return [found[name] for name in sorted(found)]
+
+
+def zero_heads(tensor: Any, layout: HeadLayout, heads: Iterable[int]) -> Any:
+    """Zero the o_proj input columns of `heads` in a copy of one layer's o_proj weight [hidden, head * d_head]."""
+    edited = tensor.clone()
+    for head in heads:
+        edited[:, layout.columns(head)] = 0
+    return edited
+
+
+def write_baked_weights(
+    source: Path, layout: HeadLayout, heads: Sequence[Head], target: Path, reporter: Reporter = null_reporter
+) -> dict[str, str]:
+    """Write the edited weights into `target`; return {file name: sha256 of the source file}."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    files = weight_files(source)
+    check_shapes(layout, files)
+    by_key = {layout.o_proj_weight_key(layer): hs for layer, hs in layout.by_layer(heads).items()}
+    source_hashes: dict[str, str] = {}
+    reporter(StageStarted("bake", total=len(files), description=f"zeroing {len(heads)} heads"))
+    for i, file in enumerate(files):
+        source_hashes[file.name] = sha256_file(file)
+        with safe_open(str(file), framework="pt") as reader:
+            metadata = reader.metadata() or {}
+            tensors = {}
+            for key in reader.keys():
+                tensor = reader.get_tensor(key)
+                tensors[key] = zero_heads(tensor, layout, by_key[key]) if key in by_key else tensor
+        save_file(tensors, str(target / file.name), metadata={"format": "pt", **metadata})
+        del tensors
+        reporter(StageProgress("bake", done=i + 1, total=len(files)))
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        shutil.copy2(index, target / index.name)
+    reporter(StageFinished("bake", summary=f"{len(files)} weight file(s) written"))
+    return source_hashes
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """(Re)hash every file in `folder` except the manifest itself and write headedit.json."""
+    manifest = dict(manifest)
+    manifest["files"] = {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def bake_into(source: ModelSource, heads: Sequence[Head] | str, target: Path, reporter: Reporter = null_reporter) -> dict[str, Any]:
+    """Write a complete baked checkpoint with its manifest into an existing empty folder."""
+    config = read_config(source.path)
+    layout = HeadLayout.from_config(config)
+    chosen = parse_heads(heads, layout) if isinstance(heads, str) else tuple(layout.check(Head(*h)) for h in heads)
+    previous = _previous_heads(source.path, layout)
+    all_heads = tuple(sorted(set(chosen) | set(previous)))
+    source_hashes = write_baked_weights(source.path, layout, chosen, target, reporter)
+    for file in _side_files(source.path):
+        shutil.copy2(file, target / file.name)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "headedit_version": __version__,
+        "source": {"id": source.id if source.hub or source.id.startswith("headedit:") else Path(source.id).name,
+                   "hub": source.hub, "revision": source.revision, "files": source_hashes},
+        "heads": format_heads(all_heads),
+        "heads_added": format_heads(chosen),
+        "layout": layout.to_dict(),
+    }
+    return write_manifest(target, manifest)
+
+
+def _previous_heads(path: Path, layout: HeadLayout) -> tuple[Head, ...]:
+    """Heads already zeroed by an earlier headedit bake of the source (they stay zero)."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return ()
+    try:
+        return parse_heads(json.loads(manifest.read_text()).get("heads", ""), layout)
+    except (json.JSONDecodeError, AttributeError):
+        return ()
+
+
+def bake(
+    source: str | Path,
+    heads: Sequence[Head] | str,
+    out: str | Path,
+    force: bool = False,
+    revision: str | None = None,
+    reporter: Reporter = null_reporter,
+) -> Path:
+    """Bake `heads` of `source` into a new checkpoint folder `out`, atomically."""
+    src = resolve_model(source, revision)
+    out = Path(out)
+    # Validate everything that can fail cheaply before creating anything on disk.
+    layout = HeadLayout.from_config(read_config(src.path))
+    if isinstance(heads, str):
+        parse_heads(heads, layout)
+    check_shapes(layout, weight_files(src.path))
+    with atomic_dir(out, force=force, protect=(src.path,)) as tmp:
+        bake_into(src, heads, tmp, reporter)
+    return out
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ExportError(f"{folder} has no {MANIFEST}", "export it with `headedit bake` or `headedit export`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise ExportError(f"{MANIFEST} in {folder} is corrupt", "re-export the model") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ExportError(f"{MANIFEST} in {folder} lacks its file list", "re-export the model")
+    if int(manifest.get("format", 0)) > MANIFEST_FORMAT:
+        raise ExportError(f"{folder} was written by a newer headedit", "upgrade headedit")
+    return manifest
+
+
+def verify_export(folder: str | Path) -> dict[str, Any]:
+    """Check every file listed in the manifest exists with its recorded sha256, and no weight file is unlisted."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    for name, digest in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise ExportError(f"export file {name} listed in {MANIFEST} is missing", "re-export the model")
+        if sha256_file(path) != digest:
+            raise ExportError(f"export file {name} no longer matches {MANIFEST} (sha256 differs)", "re-export the model")
+    for path in folder.glob("*.safetensors"):
+        if path.name not in manifest["files"]:
+            raise ExportError(f"weight file {path.name} is not in {MANIFEST}", "remove it or re-export the model")
+    return manifest
+
+
+__all__ = ["bake", "bake_into", "verify_export", "read_manifest", "write_manifest", "zero_heads", "MANIFEST", "ModelLoadError"]
