@@ -1,0 +1,50 @@
+"""Sequential early stop for the single-head screen: stop spending examples on heads clearly worse than intact.
+
+Rule (stated verbatim in screen.json): after each chunk of `chunk` examples, with at least `min_n`
+examples seen, a head is dropped when the one-sided exact sign test on its discordant pairs
+against the intact model (examples it broke vs examples it fixed) gives p < `alpha`.
+`alpha` is per look; with the default 1e-4 and at most a few dozen looks the chance of dropping a
+head that is not worse stays below ~1e-3 per head. Dropped heads keep the paired accuracy change
+measured on the examples they saw, and rank after every head that saw the whole split when the
+search picks candidates, so a clearly harmful head never displaces a completed one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..stats import discordant, sign_test_worse
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    chunk: int = 64  # examples per look
+    alpha: float = 1e-4  # one-sided sign-test level per look
+    min_n: int = 64  # no decision before this many examples
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1 or self.min_n < 1 or not 0.0 < self.alpha < 1.0:
+            raise ValueError("early stop needs chunk >= 1, min_n >= 1 and 0 < alpha < 1")
+
+    def rule(self) -> str:
+        return (
+            f"after each chunk of {self.chunk} discovery examples (from {self.min_n} on), drop a head when the "
+            f"one-sided exact sign test on its discordant pairs vs intact (broken vs fixed) gives p < {self.alpha:g}; "
+            "dropped heads keep the paired change on the examples they saw and rank after every completed head"
+        )
+
+    def should_drop(self, intact: np.ndarray, ablated: np.ndarray) -> bool:
+        """Same-length prefixes of intact and ablated correctness; True when the head is clearly worse."""
+        if ablated.size < self.min_n:
+            return False
+        fixed, broken = discordant(intact[: ablated.size], ablated)
+        return broken > fixed and sign_test_worse(fixed, broken) < self.alpha
+
+    def boundaries(self, n: int) -> list[int]:
+        """Example counts after which the rule is applied; the last one is always n."""
+        marks = list(range(self.chunk, n, self.chunk))
+        return marks + [n]
+
+    def to_dict(self) -> dict:
+        return {"chunk": self.chunk, "alpha": self.alpha, "min_n": self.min_n}
