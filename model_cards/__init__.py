@@ -1,0 +1,1 @@
+"""Model card templates, installed as headedit.model_cards (see pyproject package-dir)."""
