@@ -55,11 +55,16 @@ def atomic_dir(out: Path, force: bool = False, protect: tuple[Path, ...] = ()) -
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, out)
-    except OSError as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if err.errno == errno.ENOSPC:
+        if _disk_full(err):
             raise ExportError(f"disk full while writing {out}; nothing was left there", "free space and retry") from None
         raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+def _disk_full(err: BaseException) -> bool:
+    """ENOSPC from Python I/O, or from safetensors' Rust writer (which reports it only in its message)."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text
