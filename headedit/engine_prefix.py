@@ -1,0 +1,145 @@
+"""Run the decoder from layer L with cached hidden states, through public module boundaries only.
+
+The model's own forward still builds the causal mask and rotary embeddings (so nothing here depends on
+`create_causal_mask` or layer keyword arguments, which move between transformers versions): the layers below L
+are swapped for pass-through modules for the duration of one call, and a forward pre-hook on layer L replaces
+its input with the cached intact hidden states. The one assumption, that a decoder layer's first input and its
+return value are the hidden states tensor (transformers >= 5), is checked by `tests/test_engine_prefix.py`.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterable
+
+import torch
+
+
+class _PassThrough(torch.nn.Module):
+    """Stands in for a skipped decoder layer: returns its hidden-states input unchanged."""
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return hidden_states
+
+
+class _Stop(Exception):
+    """Raised by a capture hook once every requested layer input is recorded: the rest is not needed."""
+
+
+def decoder_parts(model: Any) -> tuple[Any, torch.nn.ModuleList, Any]:
+    """(base decoder, its layer list, lm_head) of a causal LM."""
+    base = model.get_decoder()
+    return base, base.layers, model.get_output_embeddings()
+
+
+def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def run_decoder(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    start_layer: int = 0,
+    hidden_in: torch.Tensor | None = None,
+    capture: Iterable[int] = (),
+    only_capture: bool = False,
+) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
+    """Final-normed hidden states [batch, pos, hidden], and the inputs of the `capture` layers.
+
+    `start_layer > 0` needs `hidden_in` [batch, pos, hidden], the states entering that layer for these exact
+    inputs. `only_capture` stops the forward as soon as the last captured layer's input is recorded.
+    """
+    base, layers, _ = decoder_parts(model)
+    capture = sorted(set(capture))
+    captured: dict[int, torch.Tensor] = {}
+    handles = []
+    saved: dict[int, torch.nn.Module] = {}
+    last = capture[-1] if capture else None
+
+    def capture_hook(layer: int):
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            captured[layer] = _hidden_arg(args, kwargs).detach()
+            if only_capture and layer == last:
+                raise _Stop
+
+        return hook
+
+    def substitute(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (hidden_in,) + tuple(args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden_in}
+
+    try:
+        if start_layer > 0:
+            if hidden_in is None:
+                raise ValueError("start_layer > 0 needs hidden_in")
+            for i in range(start_layer):
+                saved[i] = layers[i]
+                layers[i] = _PassThrough()
+            handles.append(layers[start_layer].register_forward_pre_hook(substitute, with_kwargs=True))
+        for layer in capture:
+            if layer < start_layer:
+                raise ValueError(f"cannot capture layer {layer} below start layer {start_layer}")
+            handles.append(layers[layer].register_forward_pre_hook(capture_hook(layer), with_kwargs=True))
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        try:
+            out = base(**kwargs)
+        except _Stop:
+            return None, captured
+        return out.last_hidden_state, captured
+    finally:
+        for handle in handles:
+            handle.remove()
+        for i, module in saved.items():
+            layers[i] = module
+
+
+def logits_at(model: Any, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """lm_head logits [n, vocab] (float32) at the given (row, position) pairs only: no full-vocab pass elsewhere."""
+    _, _, head = decoder_parts(model)
+    picked = hidden[rows, positions]  # [n, hidden]
+    logits = head(picked).float()  # [n, vocab]
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+class HiddenCache:
+    """LRU of intact hidden states entering a layer, keyed by (batch content, layer), bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple) -> torch.Tensor | None:
+        value = self._items.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return value
+
+    def put(self, key: tuple, value: torch.Tensor) -> None:
+        size = value.numel() * value.element_size()
+        if size > self.max_bytes:
+            return
+        if key in self._items:
+            old = self._items.pop(key)
+            self._bytes -= old.numel() * old.element_size()
+        self._items[key] = value
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, dropped = self._items.popitem(last=False)
+            self._bytes -= dropped.numel() * dropped.element_size()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
