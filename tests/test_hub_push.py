@@ -1,0 +1,244 @@
+"""Publishing against a real local Hub-compatible HTTP server: push, reload, revisions, privacy, errors."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from headedit.errors import ExportError, HeadeditError, HubError
+from headedit.hub import fetch_manifest, push_export, upload_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs with transformers only: any attempt to import headedit fails, proving a user needs nothing else.
+LOADER = r"""
+import importlib.abc, sys
+class _NoHeadedit(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "headedit" or name.startswith("headedit."):
+            raise ImportError("loading a pushed model must not need headedit")
+sys.meta_path.insert(0, _NoHeadedit())
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+repo, rev, out = sys.argv[1], sys.argv[2] or None, sys.argv[3]
+model = AutoModelForCausalLM.from_pretrained(repo, revision=rev, dtype=torch.float32)
+tok = AutoTokenizer.from_pretrained(repo, revision=rev)
+ids = tok("copy the second word: red blue green", return_tensors="pt").input_ids
+with torch.no_grad():
+    logits = model(ids).logits
+save_file({"ids": ids.contiguous(), "logits": logits.contiguous()}, out)
+assert not any(m == "headedit" or m.startswith("headedit.") for m in sys.modules)
+"""
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "headedit", *args], env=env, cwd=ROOT, text=True,
+                          capture_output=True, timeout=240)
+
+
+def _local_logits(export: Path, ids):  # noqa: ANN001, ANN202
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _all_bytes_under(folder: Path) -> list[tuple[Path, bytes]]:
+    return [(p, p.read_bytes()) for p in folder.rglob("*") if p.is_file()]
+
+
+def test_cli_push_then_plain_transformers_reload_gives_identical_logits(hub_server, hub_user, hub_env, hub_export, tmp_path):
+    _, run, export = hub_export
+    repo = f"{hub_user.name}/tiny-copy-edited"
+    pushed = _cli(["push", str(export), "--repo", repo, "--message", "first edit"], hub_env)
+    assert pushed.returncode == 0, pushed.stderr
+    commit_url = pushed.stdout.strip().splitlines()[-1]
+    assert commit_url.startswith(f"{hub_server.url}/{repo}/commit/")
+
+    # One commit with exactly the verified export files, byte for byte.
+    repo_state = hub_server.state.repos[repo]
+    head = repo_state.resolve("main")
+    assert head.summary == "first edit" and commit_url.endswith(head.sha)
+    manifest = json.loads((export / "headedit.json").read_text())
+    assert sorted(p for p in head.files if p != ".gitattributes") == upload_paths(export, manifest)
+    assert {"README.md", "heads.png", "headedit.json", "recipe.toml", "validation.json", "model.safetensors",
+            "config.json", "tokenizer.json"} <= set(head.files)
+    assert head.files["model.safetensors"].lfs and head.files["heads.png"].lfs and not head.files["config.json"].lfs
+    for name in head.files:
+        if name != ".gitattributes":
+            assert hub_server.file_bytes(repo, name) == (export / name).read_bytes(), name
+
+    out = tmp_path / "remote_logits.safetensors"
+    loaded = subprocess.run([sys.executable, "-c", LOADER, repo, "", str(out)], env=hub_env, text=True,
+                            capture_output=True, timeout=240)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    remote = load_file(out)
+    local = _local_logits(export, remote["ids"])
+    assert remote["logits"].shape == local.shape
+    assert (remote["logits"] == local).all()  # bit-identical, not approximately equal
+    assert hub_server.unhandled() == []
+
+    # The token was used but never written: not in the export, the run, the client cache or the pushed repo.
+    token = hub_user.token.encode()
+    for folder in (export, run, Path(hub_env["HF_HOME"])):
+        for path, data in _all_bytes_under(folder):
+            assert token not in data, path
+    for commit in repo_state.commits.values():
+        for name in commit.files:
+            assert token not in hub_server.file_bytes(repo, name, commit.sha), name
+    assert hub_user.token not in pushed.stdout + pushed.stderr + loaded.stdout + loaded.stderr
+
+
+def test_second_commit_and_pinned_revision(hub_inprocess, hub_user, hub_export):
+    from huggingface_hub import HfApi, hf_hub_download
+
+    from headedit.card import write_card
+
+    _, run, export = hub_export
+    repo = f"{hub_user.name}/pinned"
+    first = push_export(export, repo, token=hub_user.token, message="v1")
+    first_sha = first.rsplit("/", 1)[-1]
+    old_card = (export / "README.md").read_text()
+
+    write_card(export, run, repo_id=repo)  # re-rendered card now names the repo in its usage snippet
+    events = []
+    second = push_export(export, repo, token=hub_user.token, reporter=events.append)
+    second_sha = second.rsplit("/", 1)[-1]
+    assert second_sha != first_sha
+    assert any(type(e).__name__ == "StageFinished" and e.stage == "push" for e in events)
+
+    api = HfApi(token=hub_user.token)
+    assert [c.commit_id for c in api.list_repo_commits(repo)][:2] == [second_sha, first_sha]
+    pinned = Path(hf_hub_download(repo, "README.md", revision=first_sha, token=hub_user.token)).read_text()
+    latest = Path(hf_hub_download(repo, "README.md", token=hub_user.token)).read_text()
+    assert pinned == old_card and f'from_pretrained("{repo}")' in latest and latest != pinned
+
+    # A branch push leaves main alone; the manifest reads back from either.
+    branch = push_export(export, repo, token=hub_user.token, revision="experiment", message="on a branch")
+    refs = {b.name: b.target_commit for b in api.list_repo_refs(repo).branches}
+    assert refs["main"] == second_sha and refs["experiment"] == branch.rsplit("/", 1)[-1]
+    local_manifest = json.loads((export / "headedit.json").read_text())
+    assert fetch_manifest(repo, token=hub_user.token) == local_manifest
+    assert fetch_manifest(repo, revision="experiment")["heads"] == "0.1,1.2"
+    with pytest.raises(HubError) as err:
+        fetch_manifest(repo, revision="no-such-branch")
+    assert "no-such-branch" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_private_repo_is_invisible_to_another_token(hub_inprocess, hub_user, hub_export):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    _, _, export = hub_export
+    repo = f"{hub_user.name}/secret"
+    push_export(export, repo, private=True, token=hub_user.token)
+    assert hub_inprocess.state.repos[repo].private
+    assert fetch_manifest(repo, token=hub_user.token)["heads"] == "0.1,1.2"
+
+    other = hub_inprocess.add_user(hub_user.name + "-other")
+    for token in (other, None):
+        with pytest.raises(RepositoryNotFoundError):
+            HfApi(token=token or False).model_info(repo)
+        with pytest.raises(HubError) as err:
+            fetch_manifest(repo, token=token)
+        assert "not found" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_read_only_and_foreign_tokens_are_refused(hub_inprocess, hub_user, hub_export):
+    _, _, export = hub_export
+    repo = f"{hub_user.name}/refused"
+    cases = {
+        "hf_this_token_does_not_exist_123": "rejected the token (401",
+        hub_user.read_token: "read-only",
+        hub_inprocess.add_user("someone-else"): "cannot write to namespace",
+    }
+    for token, expected in cases.items():
+        with pytest.raises(HubError) as err:
+            push_export(export, repo, token=token)
+        text = str(err.value)
+        assert expected in text and "\n" not in text and token not in text
+    assert repo not in hub_inprocess.state.repos  # nothing was created by any refused push
+
+
+def test_repo_owned_by_someone_else_is_refused_by_the_server_too(hub_inprocess, hub_user, hub_export):
+    """Even past the whoami check, the server's 403 maps to one line (e.g. a token of an org member without rights)."""
+    from huggingface_hub import HfApi
+
+    _, _, export = hub_export
+    owner = hub_inprocess.add_user("owner-" + hub_user.name)
+    HfApi(token=owner).create_repo(f"owner-{hub_user.name}/theirs")
+    # A user who claims membership of the owner's namespace in whoami but whose token the server refuses.
+    intruder = hub_inprocess.add_user("intruder-" + hub_user.name, orgs=(f"owner-{hub_user.name}",))
+    hub_inprocess.state.tokens[intruder][0].orgs = ()  # whoami was answered; now membership is revoked
+    with pytest.raises(HubError) as err:
+        push_export(export, f"owner-{hub_user.name}/theirs", token=intruder)
+    assert "\n" not in str(err.value) and intruder not in str(err.value)
+
+
+def test_failed_or_missing_validation_and_tampering_refuse_before_any_upload(hub_inprocess, hub_user, hub_export):
+    from headedit.card import write_card
+
+    _, run, export = hub_export
+    repo = f"{hub_user.name}/unvalidated"
+    validation = json.loads((run / "validation.json").read_text())
+    (run / "validation.json").write_text(json.dumps({**validation, "passed": False}))
+    write_card(export, run)  # the export now carries the failed validation (hashed in its manifest)
+    with pytest.raises(ExportError, match="validation did not pass"):
+        push_export(export, repo, token=hub_user.token)
+    assert repo not in hub_inprocess.state.repos
+
+    weights = export / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-4] + b"\0\0\0\1")
+    with pytest.raises(ExportError, match="model.safetensors"):
+        push_export(export, repo, token=hub_user.token, force=True)
+    assert repo not in hub_inprocess.state.repos
+    weights.write_bytes(original)
+
+    # --force pushes an export whose validation failed, but never one that does not match its manifest.
+    url = push_export(export, repo, token=hub_user.token, force=True)
+    assert url.startswith(hub_inprocess.url)
+    assert weights.read_bytes() == original  # the local export is untouched by pushing
+
+    (export / "validation.json").unlink()
+    manifest = json.loads((export / "headedit.json").read_text())
+    del manifest["files"]["validation.json"]
+    (export / "headedit.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="no validation.json"):
+        push_export(export, repo, token=hub_user.token)
+
+
+def test_invalid_repo_id_and_missing_token(hub_inprocess, hub_export, monkeypatch):
+    _, _, export = hub_export
+    for bad in ("noslash", "a/b/c", "../x", "ns/.."):
+        with pytest.raises(HubError, match="invalid repo id"):
+            push_export(export, bad, token="hf_whatever_123456")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(HubError, match="no Hugging Face token"):
+        push_export(export, "someone/model")
+
+
+def test_cli_errors_are_one_line_exit_2(hub_server, hub_user, hub_env, hub_export):
+    _, _, export = hub_export
+    with socket.socket() as sock:  # a port nothing listens on: the endpoint is unreachable
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {**hub_env, "HF_ENDPOINT": dead}
+    result = _cli(["push", str(export), "--repo", f"{hub_user.name}/offline"], env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headedit: error: cannot reach the Hub"), result.stderr
+    assert "Traceback" not in result.stderr and hub_user.token not in result.stderr + result.stdout
+
+
+def test_hub_error_is_a_headedit_error():
+    assert issubclass(HubError, HeadeditError)
