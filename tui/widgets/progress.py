@@ -50,8 +50,10 @@ class StageProgressPanel(Widget):
 
     clock: Callable[[], float] = staticmethod(time.monotonic)  # tests swap in a fixed clock
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+    def __init__(self, placeholder: str = "", *, name: str | None = None, id: str | None = None,
+                 classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self.placeholder = placeholder
         self.stages: dict[str, StageState] = {}
 
     def clear(self) -> None:
@@ -79,11 +81,11 @@ class StageProgressPanel(Widget):
         return True
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return max(1, len(self.stages))
+        return len(self.stages) or (1 if self.placeholder else 0)
 
     def render(self) -> Table | Text:
         if not self.stages:
-            return Text("waiting for the first stage…", style="dim")
+            return Text(self.placeholder, style="dim")
         now = self.clock()
         grid = Table.grid(padding=(0, 1), expand=True)
         grid.add_column(width=16, no_wrap=True)
@@ -94,7 +96,7 @@ class StageProgressPanel(Widget):
             total = state.total if state.total else max(state.done, 1)
             bar = ProgressBar(total=total, completed=min(state.done, total), finished_style="green",
                               complete_style="cyan" if not state.finished else "green")
-            count = f"{state.done}/{state.total}" if state.total else f"{state.done}"
+            count = f"{state.done}/{state.total}" if state.total else (str(state.done) if state.done else "")
             if state.finished:
                 tail = Text("done", style="green")
             else:

@@ -1,0 +1,155 @@
+"""Bad input in the setup form and the candidates' head-set field is shown inline, never crashes,
+and never opens the error modal; the form reuses the recipe validator's own messages."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from headedit.recipe import parse_recipe
+from headedit.tui import form
+from headedit.tui.app import HeadeditApp
+from headedit.tui.screens.candidates import CandidatesScreen
+from headedit.tui.screens.setup import SetupScreen
+
+from .runfolder import write_run
+
+pytestmark = pytest.mark.anyio
+
+RECIPE = """name = "form-test"
+
+[model]
+id = "MODEL"
+device = "cpu"
+
+[task]
+name = "arithmetic"
+discovery = 40
+heldout = 40
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from headedit.tiny import tiny_model, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_model().save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def make_app(tmp_path: Path, model: str) -> HeadeditApp:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "form-test.toml").write_text(RECIPE.replace("MODEL", model))
+    return HeadeditApp(runs_root=tmp_path / "runs", recipe_dirs=[recipes])
+
+
+async def settle(pilot) -> None:
+    await pilot.pause(0.6)  # the inspect debounce
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def error_text(screen, field: str) -> str:
+    widget = screen.query_one(f"#{field}-error")
+    return str(widget.render()) if widget.has_class("shown") else ""
+
+
+async def test_form_marks_bad_fields_inline(tmp_path: Path, tiny_dir: Path) -> None:
+    app = make_app(tmp_path, str(tiny_dir))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")  # load the recipe into the form
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, SetupScreen)
+        assert screen.layout_info is not None and screen.layout_info["num_layers"] == 2
+        assert "2 layers × 4 heads" in str(screen.query_one("#layout").render())
+        assert all(error_text(screen, f.id) == "" for f in form.FIELDS)
+
+        # unknown task: the validator's message, under the task field
+        screen.query_one("#task").value = "no-such-task"
+        await pilot.pause()
+        assert "unknown task 'no-such-task'" in error_text(screen, "task")
+        assert screen.query_one("#task").has_class("invalid")
+        screen.query_one("#task").value = "arithmetic"
+        await pilot.pause()
+        assert error_text(screen, "task") == ""
+
+        # a non-number size names the field and the expected type
+        screen.query_one("#discovery").value = "12x"
+        await pilot.pause()
+        assert "task.discovery must be an integer" in error_text(screen, "discovery")
+        screen.query_one("#discovery").value = "40"
+
+        # malformed and out-of-range head sets, checked against the inspected layout
+        screen.query_one("#heads").value = "0.x"
+        await pilot.pause()
+        assert "malformed head '0.x'" in error_text(screen, "heads")
+        screen.query_one("#heads").value = "5.0"
+        await pilot.pause()
+        assert "layer 5 not in 0..1" in error_text(screen, "heads")
+        await pilot.press("ctrl+r")  # refused: still on the setup screen
+        await pilot.pause()
+        assert app.screen is screen
+        screen.query_one("#heads").value = "1.*"
+        await pilot.pause()
+        assert error_text(screen, "heads") == ""
+
+        # a model path that does not exist: inline, after the inspect worker fails
+        screen.query_one("#model").value = str(tmp_path / "missing-model")
+        await settle(pilot)
+        assert "not found" in error_text(screen, "model")
+        assert screen.layout_info is None
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.screen is screen
+        assert app.errors == []  # nothing went to the modal, nothing crashed
+
+
+async def test_candidates_head_set_field_inline(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", validated=False)
+    app = HeadeditApp(runs_root=tmp_path / "runs", recipe_dirs=[])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.push_screen(CandidatesScreen(run_dir))
+        await pilot.pause()
+        screen = app.screen
+        field = screen.query_one("#set")
+        field.value = "0.1,,"
+        await pilot.pause()
+        assert "malformed head set" in error_text(screen, "set")
+        field.value = "0.9"
+        await pilot.pause()
+        assert "head 9 not in 0..3" in error_text(screen, "set")
+        await pilot.press("b")  # bake refused while the set is invalid
+        await pilot.pause()
+        assert app.screen is screen
+        field.value = "1.0, 0.1"
+        await pilot.pause()
+        assert error_text(screen, "set") == "" and screen.current == "0.1,1.0"
+        assert screen.query_one("HeadHeatmap").selection_text == "0.1,1.0"
+        assert app.errors == []
+
+
+def test_form_text_is_the_recipe_verbatim_until_edited(tmp_path: Path) -> None:
+    recipe = parse_recipe(RECIPE.replace("MODEL", "some/model"), check_tasks=False)
+    values = form.form_values(recipe)
+    assert form.recipe_text(values, recipe) == recipe.source_text
+    values["candidates"] = "4"
+    values["max_heads"] = "2"
+    edited = parse_recipe(form.recipe_text(values, recipe), check_tasks=False)
+    assert (edited.discovery.candidates, edited.discovery.max_heads) == (4, 2)
+    assert edited.model.id == "some/model" and edited.task.discovery == 40
+    assert edited.name == "form-test-custom"
+
+
+def test_import_headedit_does_not_import_textual() -> None:
+    code = (
+        "import sys, headedit; assert 'textual' not in sys.modules, 'headedit';"
+        "import headedit.pipeline; assert 'textual' not in sys.modules, 'pipeline';"
+        "import headedit.cli; headedit.cli.build_parser(); assert 'textual' not in sys.modules, 'cli'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

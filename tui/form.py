@@ -1,0 +1,163 @@
+"""The setup form as recipe text: the form never validates anything itself.
+
+Every value goes through `headedit.recipe.parse_recipe`, the same validator the CLI uses, and a
+`RecipeError` is mapped back to the form field it names (`task.name` -> the task input).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headedit.errors import HeadeditError, RecipeError
+
+
+@dataclass(frozen=True)
+class FormField:
+    id: str  # widget id in the setup screen
+    key: str  # dotted recipe key
+    label: str
+    kind: str = "str"  # str | int | choice
+
+
+FIELDS: tuple[FormField, ...] = (
+    FormField("model", "model.id", "Model"),
+    FormField("task", "task.name", "Task"),
+    FormField("discovery", "task.discovery", "Discovery n", "int"),
+    FormField("heldout", "task.heldout", "Held-out n", "int"),
+    FormField("screen", "discovery.screen", "Screen", "choice"),
+    FormField("candidates", "discovery.candidates", "Candidates", "int"),
+    FormField("max_heads", "discovery.max_heads", "Max heads", "int"),
+    FormField("device", "model.device", "Device"),
+    FormField("dtype", "model.dtype", "Dtype", "choice"),
+)
+FIELD_BY_KEY = {f.key: f for f in FIELDS}
+DEFAULT_VALUES = {
+    "model": "", "task": "", "discovery": "2000", "heldout": "1000", "screen": "single",
+    "candidates": "16", "max_heads": "6", "device": "auto", "dtype": "auto",
+}
+_ERROR_KEY = re.compile(r"^recipe[^:]*: \[?([a-z_]+(?:\.[a-z_]+)?)")
+
+
+def form_values(recipe: Any) -> dict[str, str]:
+    """The form's text for each field of a loaded recipe."""
+    data = recipe.to_dict()
+    out: dict[str, str] = {}
+    for f in FIELDS:
+        section, key = f.key.split(".")
+        value = data.get(section, {}).get(key)
+        out[f.id] = "" if value is None else str(value)
+    return out
+
+
+def _coerce(field: FormField, text: str) -> Any:
+    text = text.strip()
+    if field.kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            return text  # the validator names the field and the expected type
+    return text
+
+
+def recipe_text(values: dict[str, str], base: Any | None = None) -> str:
+    """Recipe TOML for the form; the base recipe's text verbatim when the form did not change it."""
+    if base is not None and form_values(base) == {f.id: values.get(f.id, "").strip() for f in FIELDS}:
+        return base.source_text
+    data = base.to_dict() if base is not None else {"name": "custom", "model": {}, "task": {}, "discovery": {}}
+    for f in FIELDS:
+        section, key = f.key.split(".")
+        text = values.get(f.id, "")
+        if text.strip() == "" and f.kind != "str":
+            data.setdefault(section, {}).pop(key, None)
+            continue
+        data.setdefault(section, {})[key] = _coerce(f, text)
+    if base is not None:
+        data["name"] = base.name if "-custom" in base.name else f"{base.name}-custom"[:96]
+    return dumps_toml(data)
+
+
+def validate(values: dict[str, str], base: Any | None = None) -> tuple[Any | None, str, dict[str, str]]:
+    """(recipe or None, recipe text, {field id: message}); unknown fields land under the key ''."""
+    from headedit.recipe import parse_recipe
+
+    text = recipe_text(values, base)
+    try:
+        recipe = parse_recipe(text, base.path if base is not None and text == base.source_text else None)
+    except RecipeError as err:
+        return None, text, {error_field(err): str(err)}
+    return recipe, text, {}
+
+
+def error_field(err: HeadeditError) -> str:
+    """The form field a recipe error names ('' when it names none of them)."""
+    m = _ERROR_KEY.match(err.message)
+    if not m:
+        return ""
+    field = FIELD_BY_KEY.get(m.group(1))
+    return field.id if field else ""
+
+
+# ---- a tiny TOML writer: recipes hold only strings, numbers, booleans, arrays and inline tables ----
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key(k: str) -> str:
+    return k if _BARE.match(k) else json.dumps(k)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }" if v else "{}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dumps_toml(data: dict[str, Any]) -> str:
+    lines = [f"{_key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines += ["", f"[{_key(section)}]"]
+            lines += [f"{_key(k)} = {_value(v)}" for k, v in table.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def recipe_dirs() -> list[Path]:
+    """Where bundled and user recipes live: ./recipes, then the source tree's recipes/."""
+    here = Path("recipes")
+    repo = Path(__file__).resolve().parents[1] / "recipes"
+    out = [p for p in (here, repo) if p.is_dir()]
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def list_recipes(dirs: list[Path] | None = None) -> list[Path]:
+    found: dict[str, Path] = {}
+    for folder in dirs if dirs is not None else recipe_dirs():
+        for path in sorted(folder.glob("*.toml")):
+            found.setdefault(path.name, path)
+    names = sorted(found, key=lambda n: (n != "demo.toml", n))  # the demo first
+    return [found[n] for n in names]
+
+
+def list_runs(root: Path, limit: int = 20) -> list[tuple[Path, str]]:
+    """Recent run folders, newest first, with the stage each reached."""
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if (p / "run.json").is_file()]
+    runs.sort(key=lambda p: (p / "run.json").stat().st_mtime, reverse=True)
+    out = []
+    for path in runs[:limit]:
+        stage = "validated" if (path / "validation.json").is_file() else (
+            "selected" if (path / "selection.json").is_file() else "unfinished")
+        out.append((path, stage))
+    return out

@@ -1,0 +1,179 @@
+"""Bake and validate: the chosen set is baked, the checkpoint reloaded and scored on the held-out split
+(never seen by discovery) and on the side tasks; the paper-style table with intervals and the verdict."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Footer, Header, Label, Static
+
+from headedit.events import Log
+
+from ..messages import PipelineEvent
+from ..widgets.progress import StageProgressPanel
+from .base import StepScreen
+from .discovery import read_json
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):.1f}"
+
+
+def _p(x: Any) -> str:
+    if x is None:
+        return "—"
+    x = float(x)
+    return "<1e-300" if x <= 1e-300 else (f"{x:.2g}" if x < 0.001 else f"{x:.3f}")
+
+
+def results_table(validation: dict[str, Any]) -> Table:
+    """Task, intact, edited, gain, relative error reduction, n, 95% CI, McNemar p: target then side tasks."""
+    table = Table(expand=True, header_style="bold", pad_edge=False)
+    for name, justify in (("task", "left"), ("intact %", "right"), ("edited %", "right"), ("gain", "right"),
+                          ("RER", "right"), ("n", "right"), ("95% CI", "right"), ("p", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    rows = [dict(validation, role="target")] + [dict(s, role="side") for s in validation.get("side_tasks", [])]
+    for row in rows:
+        ci = row.get("ci95_points")
+        gain = row.get("gain_points")
+        rer = row.get("relative_error_reduction")
+        style = "green" if (gain or 0) > 0 else ("red" if (gain or 0) < 0 else "")
+        table.add_row(
+            row.get("task", "?") + ("" if row["role"] == "target" else " (side)"),
+            _pct(row.get("intact_acc")), _pct(row.get("edited_acc")),
+            Text("—" if gain is None else f"{gain:+.1f}", style=style),
+            "—" if rer is None else f"{100 * rer:.0f}%",
+            str(row.get("n", "—")),
+            "—" if not ci else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]",
+            _p(row.get("mcnemar_p")),
+        )
+    return table
+
+
+def record_choice(run_dir: Path, heads: str, reporter: Any) -> None:
+    """Make `heads` the run's selection (validate and export read selection.json).
+
+    Uses `headedit.pipeline.select` when the library offers it; otherwise records the hand-made choice
+    through the run-folder API, keeping the search's own choice under `search_*` so nothing is lost.
+    """
+    from headedit import pipeline
+    from headedit.runs import SELECTION_FILE, Run
+
+    select = getattr(pipeline, "select", None)
+    if select is not None:
+        select(run_dir, heads, reporter=reporter)
+        return
+    run = Run.open(run_dir)
+    selection = run.read(SELECTION_FILE)
+    if selection.get("heads") == heads:
+        return
+    acc = float(pipeline.evaluate_set(run_dir, heads, reporter=reporter, keep_loaded=False))
+    intact = selection.get("intact_acc")
+    record = {k: v for k, v in selection.items() if not k.startswith("search_")}
+    record.update({
+        "heads": heads, "discovery_acc": acc,
+        "gain_points": None if intact is None else 100.0 * (acc - float(intact)), "chosen_by": "hand",
+        "search_heads": selection.get("search_heads", selection.get("heads")),
+        "search_discovery_acc": selection.get("search_discovery_acc", selection.get("discovery_acc")),
+    })
+    run.write(SELECTION_FILE, record)
+    reporter(Log(f"selection set by hand: {heads} (search chose {record['search_heads'] or '(none)'})"))
+
+
+class BakeValidateScreen(StepScreen):
+    BINDINGS = [
+        Binding("p", "publish", "Publish"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    def __init__(self, run_dir: Path, heads: str | None = None, start: bool = True) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.heads = heads
+        self.start = start
+        self.validation: dict[str, Any] | None = None
+        self.running = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll(id="bake"):
+            yield Static("", id="bake-status", markup=False)
+            yield StageProgressPanel(id="stages")
+            yield Label("Held-out validation", classes="section")
+            yield Static("", id="results")
+            yield Static("", id="verdict", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = f"bake & validate · {self.run_dir.name}"
+        existing = self.run_dir / "validation.json"
+        if existing.is_file() and (self.heads is None or read_json(existing).get("heads") == self.heads):
+            self.show(read_json(existing))
+        elif self.start:
+            self.status(f"baking {self.heads} and validating on the held-out split…")
+            self.running = True
+            self.run_validation(self.heads)
+
+    def status(self, text: str) -> None:
+        self.query_one("#bake-status", Static).update(text)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="validate", name="validate")
+    def run_validation(self, heads: str | None) -> dict[str, Any]:
+        from headedit import pipeline
+
+        if heads is not None:
+            record_choice(self.run_dir, heads, self.reporter)
+        return pipeline.validate(self.run_dir, reporter=self.reporter, cancel=self.cancel_event)
+
+    def worker_done(self, name: str, result: Any) -> None:
+        if name == "validate":
+            self.running = False
+            self.show(result)
+
+    def worker_failed(self, name: str, error: BaseException | None) -> None:
+        self.running = False
+        self.status("validation stopped" + (" (cancelled)" if error is None or self.cancel_event.is_set() else ""))
+        if error is not None and not self.cancel_event.is_set():
+            super().worker_failed(name, error)
+
+    def show(self, validation: dict[str, Any]) -> None:
+        self.validation = validation
+        self.status(f"heads {validation.get('heads') or '(none)'} · {validation.get('task')} · "
+                    f"{validation.get('split', 'heldout')} split · p continues to publishing")
+        self.query_one("#results", Static).update(results_table(validation))
+        verdict = self.query_one("#verdict", Static)
+        verdict.update(("✔ " if validation.get("passed") else "✘ ") + str(validation.get("verdict", "")))
+        verdict.set_class(bool(validation.get("passed")), "passed")
+        verdict.set_class(not validation.get("passed"), "failed")
+
+    @on(PipelineEvent)
+    def pipeline_event(self, message: PipelineEvent) -> None:
+        event = message.event
+        if isinstance(event, Log):
+            self.status(event.message)
+        else:
+            self.query_one(StageProgressPanel).handle(event)
+
+    def action_publish(self) -> None:
+        if self.validation is None:
+            self.notify("validation has not finished yet", timeout=2)
+            return
+        self.app.open_publish(self.run_dir)  # type: ignore[attr-defined]
+
+    def action_cancel(self) -> None:
+        if self.running:
+            self.cancel_event.set()
+            self.status("cancelling…")
+
+    def action_back(self) -> None:
+        if self.running:
+            self.notify("validation is running (c cancels)", timeout=2)
+            return
+        self.app.pop_screen()
