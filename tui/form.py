@@ -132,10 +132,14 @@ def dumps_toml(data: dict[str, Any]) -> str:
 
 
 def recipe_dirs() -> list[Path]:
-    """Where bundled and user recipes live: ./recipes, then the source tree's recipes/."""
-    here = Path("recipes")
-    repo = Path(__file__).resolve().parents[1] / "recipes"
-    out = [p for p in (here, repo) if p.is_dir()]
+    """Where user and bundled recipes live: ./recipes, then the recipes installed with headedit."""
+    out = [Path("recipes")] if Path("recipes").is_dir() else []
+    try:
+        import headedit.recipes as bundled
+
+        out += [Path(p) for p in bundled.__path__ if Path(p).is_dir()]
+    except ImportError:  # pragma: no cover - a source tree without the recipes package
+        pass
     seen: set[Path] = set()
     return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
 

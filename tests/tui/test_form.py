@@ -153,3 +153,14 @@ def test_import_headedit_does_not_import_textual() -> None:
         "import headedit.cli; headedit.cli.build_parser(); assert 'textual' not in sys.modules, 'cli'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tui_command_registered_and_bad_target_is_one_line(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "headedit", "tui", str(tmp_path / "nope.toml")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "nope.toml not found" in out.stderr
+    assert "Traceback" not in out.stderr
+    helped = subprocess.run([sys.executable, "-m", "headedit", "tui", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert helped.returncode == 0 and "RECIPE_OR_RUN" in helped.stdout
