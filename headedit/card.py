@@ -320,8 +320,8 @@ def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_i
             raise ExportError(f"the run validated heads {validation.get('heads')!r} but the export ablates {want!r}",
                               "bake the run's validated heads, or validate this head set")
         for name in ("recipe.toml", "validation.json"):
-            if (run / name).is_file():
-                _write_atomic(export / name, (run / name).read_bytes())
+            if (run / name).is_file():  # published with the model: scrubbed like the card
+                _write_atomic(export / name, scrub((run / name).read_text(encoding="utf-8")).encode("utf-8"))
                 written.append(name)
     card = render_card(export, run_dir, repo_id)
     screen = _read_json((Path(run_dir) if run_dir is not None else export) / "screen.json")

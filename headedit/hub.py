@@ -58,6 +58,17 @@ def upload_paths(export: Path, manifest: dict[str, Any]) -> list[str]:
     return sorted(names)
 
 
+def _refuse_leaks(export: Path, paths: list[str], secret: str) -> None:
+    """Never publish the token: refuse if any non-weight file of the export contains it."""
+    needle = secret.encode()
+    for name in paths:
+        if name.endswith(".safetensors"):
+            continue
+        if needle in (export / name).read_bytes():
+            raise ExportError(f"refusing to push: {name} in the export contains your Hub token",
+                              "remove the token from that file (and from the recipe it came from), then re-export")
+
+
 def _token(token: str | None) -> str:
     if token:
         return token
@@ -153,6 +164,7 @@ def push_export(
     reporter(StageProgress("push", done=1, total=3))
 
     secret = _token(token)
+    _refuse_leaks(export, paths, secret)
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 

@@ -169,19 +169,22 @@ def test_bad_read_only_and_foreign_tokens_are_refused(hub_inprocess, hub_user, h
     assert repo not in hub_inprocess.state.repos  # nothing was created by any refused push
 
 
-def test_repo_owned_by_someone_else_is_refused_by_the_server_too(hub_inprocess, hub_user, hub_export):
-    """Even past the whoami check, the server's 403 maps to one line (e.g. a token of an org member without rights)."""
-    from huggingface_hub import HfApi
+def test_server_side_403_on_someone_elses_repo_maps_to_one_line(hub_inprocess, hub_user):
+    """Past headedit's own whoami check, the Hub's 403 on a foreign repo still becomes one HubError line."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
-    _, _, export = hub_export
+    from headedit.hub import hub_errors
+
     owner = hub_inprocess.add_user("owner-" + hub_user.name)
-    HfApi(token=owner).create_repo(f"owner-{hub_user.name}/theirs")
-    # A user who claims membership of the owner's namespace in whoami but whose token the server refuses.
-    intruder = hub_inprocess.add_user("intruder-" + hub_user.name, orgs=(f"owner-{hub_user.name}",))
-    hub_inprocess.state.tokens[intruder][0].orgs = ()  # whoami was answered; now membership is revoked
+    repo = f"owner-{hub_user.name}/theirs"
+    HfApi(token=owner).create_repo(repo)
     with pytest.raises(HubError) as err:
-        push_export(export, f"owner-{hub_user.name}/theirs", token=intruder)
-    assert "\n" not in str(err.value) and intruder not in str(err.value)
+        with hub_errors(repo, hub_user.token):
+            HfApi(token=hub_user.token).create_commit(
+                repo, [CommitOperationAdd("x.txt", b"x")], commit_message="intrude")
+    text = str(err.value)
+    assert "403" in text and repo in text and "\n" not in text and hub_user.token not in text
+    assert [p for p in hub_inprocess.state.repos[repo].resolve("main").files] == [".gitattributes"]
 
 
 def test_failed_or_missing_validation_and_tampering_refuse_before_any_upload(hub_inprocess, hub_user, hub_export):
@@ -242,3 +245,17 @@ def test_cli_errors_are_one_line_exit_2(hub_server, hub_user, hub_env, hub_expor
 
 def test_hub_error_is_a_headedit_error():
     assert issubclass(HubError, HeadeditError)
+
+
+def test_push_refuses_an_export_that_contains_the_token(hub_inprocess, hub_user, hub_export):
+    from headedit.bake import write_manifest
+
+    _, _, export = hub_export
+    recipe = export / "recipe.toml"
+    recipe.write_text(recipe.read_text() + f'\n# token = "{hub_user.token}"\n')
+    manifest = json.loads((export / "headedit.json").read_text())
+    write_manifest(export, manifest)  # a consistent manifest, so only the leak check can refuse
+    with pytest.raises(ExportError) as err:
+        push_export(export, f"{hub_user.name}/leaky", token=hub_user.token)
+    assert "recipe.toml" in str(err.value) and hub_user.token not in str(err.value)
+    assert f"{hub_user.name}/leaky" not in hub_inprocess.state.repos

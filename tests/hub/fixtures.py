@@ -15,6 +15,7 @@ Fixtures:
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import shutil
@@ -39,6 +40,7 @@ def _free_port() -> int:
 HUB_PORT = _free_port()
 HUB_URL = f"http://127.0.0.1:{HUB_PORT}"
 HF_HOME = tempfile.mkdtemp(prefix="headedit-test-hf-home-")
+atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
 HUB_ENV = {
     "HF_ENDPOINT": HUB_URL,
     "HF_HUB_DISABLE_XET": "1",
@@ -75,7 +77,6 @@ def hub_server() -> Iterator[LocalHubServer]:
         yield server
     finally:
         server.stop()
-        shutil.rmtree(HF_HOME, ignore_errors=True)
 
 
 @pytest.fixture

@@ -14,72 +14,14 @@ import json
 import re
 import secrets
 import threading
-import time
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-LFS_THRESHOLD = 10 * 2**20  # files over 10 MiB travel as LFS, like on the Hub
-LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".png", ".jpg", ".gguf", ".onnx", ".msgpack", ".h5")
-GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.png filter=lfs diff=lfs merge=lfs -text\n"
-
-
-def git_blob_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-@dataclass
-class Entry:
-    """One file in a commit's tree."""
-
-    size: int
-    lfs: bool
-    oid: str  # sha256 for LFS files, git blob sha1 for regular files
-    content: bytes | None = None  # regular files only; LFS content lives in HubState.blobs
-
-
-@dataclass
-class Commit:
-    sha: str
-    parent: str | None
-    summary: str
-    date: str
-    files: dict[str, Entry]
-
-
-@dataclass
-class Repo:
-    namespace: str
-    name: str
-    private: bool
-    branches: dict[str, str] = field(default_factory=dict)
-    commits: dict[str, Commit] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def resolve(self, rev: str) -> Commit | None:
-        sha = self.branches.get(rev, rev)
-        return self.commits.get(sha)
-
-
-@dataclass
-class User:
-    name: str
-    orgs: tuple[str, ...] = ()
-
-
-@dataclass
-class HubState:
-    tokens: dict[str, tuple[User, str]] = field(default_factory=dict)  # token -> (user, role)
-    repos: dict[str, Repo] = field(default_factory=dict)
-    blobs: dict[str, bytes] = field(default_factory=dict)  # sha256 -> content (LFS store)
-    uploads: dict[str, tuple[str, int]] = field(default_factory=dict)  # one-time signature -> (oid, size)
-    requests: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status), for tests
-    lock: threading.RLock = field(default_factory=threading.RLock)
-
+from .store import (
+    GITATTRIBUTES, LFS_SUFFIXES, LFS_THRESHOLD, Commit, Entry, HubState, Repo, User, check_model_index, git_blob_sha1,
+    lfs_pointer, make_commit, regular_entry,
+)
 
 class HubError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, body: Any = None) -> None:
@@ -237,7 +179,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise HubError(409, "You already created this model repo", body={"error": "You already created this model repo", "url": url})
             private = body.get("visibility") == "private" or bool(body.get("private"))
             repo = Repo(ns, name, private)
-            first = _make_commit(None, "initial commit", {".gitattributes": _regular(GITATTRIBUTES)})
+            first = make_commit(None, "initial commit", {".gitattributes": regular_entry(GITATTRIBUTES)})
             repo.commits[first.sha] = first
             repo.branches["main"] = first.sha
             self.server.state.repos[repo_id] = repo
@@ -258,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
         if not errors and not isinstance(meta, dict):
             errors.append({"message": "metadata must be a YAML mapping"})
         if not errors:
-            errors = _check_model_index(meta)
+            errors = check_model_index(meta)
         if errors:
             return self._json(400, {"errors": errors, "warnings": []})
         return self._json(200, {"errors": [], "warnings": []})
@@ -342,7 +284,7 @@ class Handler(BaseHTTPRequestHandler):
                 if key == "file":
                     if value.get("encoding") != "base64":
                         raise HubError(400, "only base64 file content is served here")
-                    files[path] = _regular(base64.b64decode(value["content"]))
+                    files[path] = regular_entry(base64.b64decode(value["content"]))
                 elif key == "lfsFile":
                     blob = state.blobs.get(value["oid"])
                     if blob is None:
@@ -355,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
                     files = {p: e for p, e in files.items() if not p.startswith(path.rstrip("/") + "/")}
                 else:
                     raise HubError(400, f"unknown commit operation {key!r}")
-            commit = _make_commit(parent.sha, str(header.get("summary", "")), files)
+            commit = make_commit(parent.sha, str(header.get("summary", "")), files)
             repo.commits[commit.sha] = commit
             repo.branches[branch] = commit.sha
         return self._json(200, {"success": True, "commitOid": commit.sha,
@@ -389,8 +331,8 @@ class Handler(BaseHTTPRequestHandler):
     def h_model_info(self, ns: str, name: str, rev: str | None = None) -> int:
         repo, _ = self._repo(ns, name)
         commit = self._commit(repo, rev or "main")
-        siblings = [{"rfilename": p, "size": e.size, "blobId": e.oid if not e.lfs else git_blob_sha1(_pointer(e)),
-                     **({"lfs": {"size": e.size, "sha256": e.oid, "pointerSize": len(_pointer(e))}} if e.lfs else {})}
+        siblings = [{"rfilename": p, "size": e.size, "blobId": e.oid if not e.lfs else git_blob_sha1(lfs_pointer(e)),
+                     **({"lfs": {"size": e.size, "sha256": e.oid, "pointerSize": len(lfs_pointer(e))}} if e.lfs else {})}
                     for p, e in sorted(commit.files.items())]
         return self._json(200, {"id": repo.id, "modelId": repo.id, "author": repo.namespace, "sha": commit.sha,
                                 "private": repo.private, "disabled": False, "gated": False, "tags": [],
@@ -398,9 +340,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _file_info(self, path: str, e: Entry, expand: bool, commit: Commit) -> dict[str, Any]:
         info: dict[str, Any] = {"type": "file", "path": path, "size": e.size,
-                                "oid": e.oid if not e.lfs else git_blob_sha1(_pointer(e))}
+                                "oid": e.oid if not e.lfs else git_blob_sha1(lfs_pointer(e))}
         if e.lfs:
-            info["lfs"] = {"oid": e.oid, "size": e.size, "pointerSize": len(_pointer(e))}
+            info["lfs"] = {"oid": e.oid, "size": e.size, "pointerSize": len(lfs_pointer(e))}
         if expand:
             info["lastCommit"] = {"id": commit.sha, "title": commit.summary, "date": commit.date}
         return info
@@ -456,47 +398,6 @@ class Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
             return self._send(206, data[start:end], headers, "application/octet-stream")
         return self._send(200, data, headers, "application/octet-stream")
-
-
-def _regular(data: bytes) -> Entry:
-    return Entry(size=len(data), lfs=False, oid=git_blob_sha1(data), content=data)
-
-
-def _pointer(e: Entry) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{e.oid}\nsize {e.size}\n".encode()
-
-
-_counter = iter(range(10**9))
-
-
-def _make_commit(parent: str | None, summary: str, files: dict[str, Entry]) -> Commit:
-    tree = json.dumps(sorted((p, e.oid) for p, e in files.items()))
-    sha = hashlib.sha1(f"{parent}\n{summary}\n{tree}\n{next(_counter)}".encode()).hexdigest()
-    date = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-    return Commit(sha, parent, summary, date, files)
-
-
-def _check_model_index(meta: dict[str, Any]) -> list[dict[str, str]]:
-    """The Hub rejects a malformed model-index; check the shape the client's cards must have."""
-    index = meta.get("model-index")
-    if index is None:
-        return []
-    errors = []
-    if not isinstance(index, list):
-        return [{"message": "model-index must be a list"}]
-    for model in index:
-        if not isinstance(model, dict) or "name" not in model or not isinstance(model.get("results"), list):
-            errors.append({"message": "each model-index entry needs a name and a results list"})
-            continue
-        for result in model["results"]:
-            task, dataset, metrics = result.get("task"), result.get("dataset"), result.get("metrics")
-            if not (isinstance(task, dict) and "type" in task):
-                errors.append({"message": "model-index result needs task.type"})
-            if not (isinstance(dataset, dict) and "type" in dataset and "name" in dataset):
-                errors.append({"message": "model-index result needs dataset.type and dataset.name"})
-            if not (isinstance(metrics, list) and all(isinstance(m, dict) and "type" in m and "value" in m for m in metrics)):
-                errors.append({"message": "model-index metrics need type and value"})
-    return errors
 
 
 class LocalHubServer(ThreadingHTTPServer):
