@@ -70,7 +70,7 @@ def export_run(
         except ImportError:  # pragma: no cover - card module ships with headedit
             write_card = None
         if write_card is not None and (run_dir / "validation.json").is_file():
-            write_card(tmp, run_dir)
+            write_card(tmp, run_dir, repo_id=push or recipe.export.repo_id)
         write_manifest(tmp, {k: v for k, v in manifest.items() if k != "files"} | {"run": recipe.name})
     reporter(Log(f"export written: {target}"))
     if push:
