@@ -123,13 +123,19 @@ def format_p(p: float) -> str:
     return f"p={p:.3g}"
 
 
-def paired_summary(intact: Sequence[bool] | np.ndarray, edited: Sequence[bool] | np.ndarray, seed: int = 0) -> dict:
+def paired_summary(
+    intact: Sequence[bool] | np.ndarray,
+    edited: Sequence[bool] | np.ndarray,
+    seed: int = 0,
+    n_boot: int = 10_000,
+    level: float = 0.95,
+) -> dict:
     """The paper-table numbers for one task: accuracies, gain, error reduction, CI and McNemar."""
     a, b = _pair(intact, edited)
     n = int(a.size)
     intact_acc = float(a.mean()) if n else 0.0
     edited_acc = float(b.mean()) if n else 0.0
-    lo, hi = paired_bootstrap_ci(a, b, seed=seed)
+    lo, hi = paired_bootstrap_ci(a, b, level=level, n_boot=n_boot, seed=seed)
     rer = relative_error_reduction(intact_acc, edited_acc)
     return {
         "n": n,

@@ -1,0 +1,43 @@
+"""Stage 1 screens and stage 2 joint search; all evaluation goes through the journaled `Scorer`."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..events import Reporter, null_reporter
+from .early_stop import EarlyStop
+from .scorer import Cancelled, EvalFn, Scorer
+from .search import SearchResult, SearchSpec, joint_search
+from .table import ScreenResult, topk_overlap
+
+
+def run_screen(
+    recipe: Any,
+    loaded: Any,
+    scorer: Scorer,
+    examples: Sequence[Any],
+    early_stop: EarlyStop | None = None,
+    reporter: Reporter = null_reporter,
+) -> ScreenResult:
+    """The recipe's screen (`discovery.screen`) on the discovery split."""
+    d = recipe.discovery
+    layout = loaded.layout
+    if d.screen == "single":
+        from .single import single_screen
+
+        return single_screen(scorer, layout, early_stop, reporter)
+    if d.screen == "compressed":
+        from .compressed import compressed_screen
+
+        count = d.compressed_set_count(layout.total_heads)
+        return compressed_screen(scorer, layout, count, d.compressed_fraction, d.seed, reporter)
+    if d.screen == "gradient":
+        from .gradient import gradient_screen
+
+        return gradient_screen(loaded.engine, loaded.task, examples, scorer, layout, reporter)
+    raise ValueError(f"unknown screen {d.screen!r}")
+
+
+__all__ = [
+    "EarlyStop", "Scorer", "Cancelled", "EvalFn", "ScreenResult", "SearchSpec", "SearchResult", "joint_search",
+    "run_screen", "topk_overlap",
+]

@@ -51,6 +51,7 @@ class Scorer:
         self.cancel = cancel
         self.sets_evaluated = 0  # evaluation calls' rows done by this process
         self.examples_evaluated = 0  # (set, example) pairs done by this process
+        self.on_work: Callable[[int], None] | None = None  # called with (set x example) pairs after each call
 
     # ---- lookups ------------------------------------------------------------------------
     def known(self, heads: Iterable[Head]) -> int:
@@ -109,3 +110,5 @@ class Scorer:
             self.examples_evaluated += upto - start
             if upto == self.n:
                 self.reporter(SetEvaluated(stage, key, float(np.concatenate([prefix, row]).mean()), self.n))
+        if self.on_work is not None:
+            self.on_work(len(batch) * (upto - start))

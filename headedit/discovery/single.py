@@ -22,12 +22,20 @@ def single_screen(
 ) -> ScreenResult:
     n = scorer.n
     heads = layout.all_heads()
-    reporter(StageStarted(STAGE, total=len(heads), description=f"single-head screen ({len(heads)} heads)"))
+    reporter(StageStarted(STAGE, total=n * len(heads), description=f"single-head screen ({len(heads)} heads x {n})"))
     (intact,) = scorer.ensure([()], stage=STAGE)
     boundaries = early_stop.boundaries(n) if early_stop else [n]
     active = list(heads)
     stopped_at: dict[Head, int] = {}
     finished = 0
+
+    def progress(_: int = 0) -> None:
+        # units: head x example; an early-stopped head's remaining examples leave the total
+        caps = {h: stopped_at.get(h, n) for h in heads}
+        done = sum(min(scorer.known((h,)), cap) for h, cap in caps.items())
+        reporter(StageProgress(STAGE, done, sum(caps.values())))
+
+    previous, scorer.on_work = scorer.on_work, progress
     for upto in boundaries:
         if not active:
             break
@@ -44,7 +52,8 @@ def single_screen(
             else:
                 still.append(h)
         active = still
-        reporter(StageProgress(STAGE, finished, len(heads)))
+        progress()
+    scorer.on_work = previous
 
     delta = [[0.0] * layout.num_heads for _ in range(layout.num_layers)]
     complete = [[True] * layout.num_heads for _ in range(layout.num_layers)]

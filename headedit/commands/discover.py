@@ -1,0 +1,52 @@
+"""`headedit discover RECIPE [--out RUN]` and `headedit discover --resume RUN`: screen + search, resumable."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import HeadeditError
+from ..runs import Run, SCREEN_FILE, SELECTION_FILE
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("discover", help="screen heads and search joint ablations on the discovery split")
+    p.add_argument("recipe", nargs="?", help="recipe TOML file (omit with --resume)")
+    p.add_argument("--out", metavar="RUN", default=None, help="run folder to create (default runs/<name>-<time>)")
+    p.add_argument("--resume", metavar="RUN", default=None, help="continue a run folder; finished work is reused")
+    p.set_defaults(func=run)
+
+
+def print_outcome(console: Any, run_path: Any) -> None:
+    """Heatmap, selection, and the machine-readable last line `selected: L.H,...`."""
+    from ..render import render_heatmap
+
+    found = Run.open(run_path)
+    selection = found.read(SELECTION_FILE)
+    heads = str(selection.get("heads", ""))
+    if found.has(SCREEN_FILE):
+        console.print(render_heatmap(found.read(SCREEN_FILE), heads))
+    console.print(f"run: {found.path}", soft_wrap=True, markup=False, highlight=False)
+    console.print(
+        f"discovery accuracy {100 * selection['intact_acc']:.2f}% -> {100 * selection['discovery_acc']:.2f}% "
+        f"({selection['gain_points']:+.2f} points, n={selection.get('n', '?')})",
+        soft_wrap=True, markup=False, highlight=False,
+    )
+    console.print(f"selected: {heads}", soft_wrap=True, markup=False, highlight=False)
+
+
+def run(args: argparse.Namespace, console: Any) -> int:
+    from ..pipeline import discover
+    from ..recipe import load_recipe
+    from ..render import rich_reporter
+
+    if args.resume and args.recipe:
+        raise HeadeditError("give either a recipe or --resume RUN, not both", "headedit discover --resume RUN")
+    if not args.resume and not args.recipe:
+        raise HeadeditError("discover needs a recipe or --resume RUN", "headedit discover recipes/demo.toml")
+    with rich_reporter(console) as reporter:
+        if args.resume:
+            path = discover(None, args.resume, resume=True, reporter=reporter)
+        else:
+            path = discover(load_recipe(args.recipe), args.out, reporter=reporter)
+    print_outcome(console, path)
+    return 0

@@ -1,0 +1,241 @@
+"""Stage functions shared by the CLI and the TUI: discover, evaluate a hand-made set, validate, run.
+
+Each stage takes a recipe or a run folder, emits events through `reporter`, checks `cancel`
+between units of work, and leaves everything it finished in the run folder, so a cancelled or
+killed stage resumes where it stopped. The held-out split is loaded only by `validate`.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import RecipeError, RunError
+from .events import Log, Reporter, StageFinished, StageStarted, null_reporter
+from .heads import Head, HeadLayout, format_heads, parse_heads
+from .runs import (
+    JOURNAL_FILE, RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Journal, Run, default_run_dir,
+    environment, weight_hashes,
+)
+
+DISCOVERY = "discovery"
+SETS_PER_CALL = 16  # head sets per engine call (and per journal commit)
+
+
+@dataclass
+class Loaded:
+    """A recipe's model, engine and task, loaded once per stage."""
+
+    recipe: Any
+    model: Any
+    tokenizer: Any
+    layout: HeadLayout
+    engine: Any
+    task: Any
+
+
+def load_for(recipe: Any, model_id: str | None = None, reporter: Reporter = null_reporter) -> Loaded:
+    """Load the recipe's model (or `model_id`, e.g. a baked export) with an engine for its task."""
+    from .engine import Engine
+    from .loading import load_model
+    from .tasks import get_task
+
+    m = recipe.model
+    reporter(Log(f"loading model {model_id or m.id}"))
+    model, tokenizer, layout = load_model(
+        model_id or m.id, dtype=m.dtype, device=m.device, revision=None if model_id else m.revision,
+        trust_remote_code=m.trust_remote_code,
+    )
+    batch = 16 if m.batch_size == "auto" else int(m.batch_size)
+    engine = Engine(model, tokenizer, layout, batch_size=batch,
+                    chat_template_kwargs=dict(m.chat_template_kwargs) or None, chat=recipe.task.chat)
+    return Loaded(recipe, model, tokenizer, layout, engine, get_task(recipe.task.name))
+
+
+def load_split(recipe: Any, task: Any, split: str, size: int | None = None) -> Any:
+    """A task split of the recipe's size; a short split is an error (sizes larger than the data)."""
+    from .errors import TaskError
+
+    want = size if size is not None else (recipe.task.discovery if split == DISCOVERY else recipe.task.heldout)
+    data = task.load(split, size=want, seed=recipe.task.seed, data_dir=recipe.task.data_dir)
+    if len(data) < want:
+        raise TaskError(f"task {task.name} has only {len(data)} {split} examples, recipe asks for {want}",
+                        f"lower task.{split if split == DISCOVERY else 'heldout'} in the recipe")
+    return data
+
+
+def run_recipe(run: Run) -> Any:
+    from .recipe import parse_recipe
+
+    try:
+        return parse_recipe(run.recipe_text, run.file(RECIPE_FILE))
+    except RecipeError as err:
+        raise RunError(f"run {run.path}: its recipe.toml no longer validates: {err.message}",
+                       err.hint or "start a new run") from None
+
+
+def _scorer(loaded: Loaded, journal: Journal, split_name: str, examples: Sequence[Any], reporter: Reporter,
+            cancel: threading.Event | None):
+    from .discovery.scorer import Scorer
+
+    def eval_fn(sets: list[tuple[Head, ...]], start: int, stop: int):
+        return loaded.engine.correctness(loaded.task, examples[start:stop], sets)
+
+    return Scorer(journal, split_name, len(examples), eval_fn, reporter, SETS_PER_CALL, cancel)
+
+
+def early_stop_for(recipe: Any, n: int):
+    from .discovery.early_stop import EarlyStop
+
+    if not recipe.discovery.early_stop:
+        return None
+    chunk = max(16, math.ceil(n / 16))
+    return EarlyStop(chunk=chunk, alpha=recipe.discovery.early_stop_alpha, min_n=chunk)
+
+
+# ---- discover ---------------------------------------------------------------------------------
+def _run_info(recipe: Any) -> dict[str, Any]:
+    from . import __version__
+    from .loading import resolve_model
+
+    source = resolve_model(recipe.model.id, recipe.model.revision)
+    revision = recipe.model.revision or (source.path.name if source.hub else None)
+    return {
+        "headedit_version": __version__, "name": recipe.name,
+        "model": {"id": recipe.model.id, "revision": revision, "sha256": weight_hashes(source.path)},
+        "environment": environment(),
+        "task": {"name": recipe.task.name, "discovery_n": recipe.task.discovery, "heldout_n": recipe.task.heldout,
+                 "seed": recipe.task.seed, "data_note": ""},
+    }
+
+
+def discover(
+    recipe: Any = None,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    reporter: Reporter = null_reporter,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """Screen and search on the discovery split; returns the run folder (resumable at any point)."""
+    if resume:
+        if run_dir is None:
+            raise RunError("--resume needs the run folder", "headedit discover --resume RUN")
+        run = Run.open(Path(run_dir))
+        recipe = run_recipe(run)
+    else:
+        if recipe is None or not getattr(recipe, "source_text", ""):
+            raise RecipeError("discover needs a recipe loaded from TOML text", "use load_recipe(path)")
+        run = Run.create(Path(run_dir) if run_dir else default_run_dir(recipe.name), recipe.source_text,
+                         _run_info(recipe))
+    with run.lock(), run.journal() as journal:
+        _discover(run, recipe, journal, reporter, cancel)
+    return run.path
+
+
+def _discover(run: Run, recipe: Any, journal: Journal, reporter: Reporter, cancel: threading.Event | None) -> None:
+    from .discovery import run_screen
+    from .discovery.search import SearchSpec, joint_search
+    from .discovery.table import ScreenResult
+
+    loaded = load_for(recipe, reporter=reporter)
+    split = load_split(recipe, loaded.task, DISCOVERY)
+    run.update_info(task={**run.info.get("task", {}), "data_note": split.note, "source": split.source,
+                          "discovery_n": len(split)},
+                    environment={**environment(str(loaded.engine.device))})
+    examples = list(split.examples)
+    scorer = _scorer(loaded, journal, DISCOVERY, examples, reporter, cancel)
+    if run.has(SCREEN_FILE):
+        screen = ScreenResult.from_json(run.read(SCREEN_FILE))
+        reporter(Log(f"screen: reusing {SCREEN_FILE} ({screen.method})"))
+    else:
+        screen = run_screen(recipe, loaded, scorer, examples, early_stop_for(recipe, len(examples)), reporter)
+        run.write(SCREEN_FILE, screen.to_json())
+    if run.has(SELECTION_FILE) and run.has(SEARCH_FILE):
+        reporter(Log(f"search: reusing {SELECTION_FILE}"))
+        return
+    spec = SearchSpec.from_recipe(recipe.discovery)
+    candidates = screen.top(recipe.discovery.candidates)
+    result = joint_search(scorer, candidates, loaded.layout.all_heads(), spec, reporter)
+    run.write(SEARCH_FILE, result.to_json())
+    run.write(SELECTION_FILE, {
+        "heads": format_heads(result.selected), "discovery_acc": result.selected_acc,
+        "intact_acc": result.intact_acc, "gain_points": 100.0 * (result.selected_acc - result.intact_acc),
+        "n": len(examples), "screen": screen.method,
+    })
+
+
+def selected_heads(run_dir: str | Path) -> str:
+    run = Run.open(Path(run_dir))
+    if not run.has(SELECTION_FILE):
+        raise RunError(f"run {run.path} has no selection yet", f"finish it: headedit discover --resume {run.path}")
+    return str(run.read(SELECTION_FILE).get("heads", ""))
+
+
+# ---- a hand-made set ----------------------------------------------------------------------------
+_SESSIONS: dict[Path, tuple[Loaded, list[Any]]] = {}
+
+
+def evaluate_set(run_dir: str | Path, heads: str | Sequence[Head], reporter: Reporter = null_reporter,
+                 keep_loaded: bool = True) -> float:
+    """Discovery accuracy of a hand-made head set (journaled, so asking twice is free)."""
+    run = Run.open(Path(run_dir))
+    key = run.path.resolve()
+    if key in _SESSIONS:
+        loaded, examples = _SESSIONS[key]
+    else:
+        recipe = run_recipe(run)
+        loaded = load_for(recipe, reporter=reporter)
+        examples = list(load_split(recipe, loaded.task, DISCOVERY).examples)
+        if keep_loaded:
+            _SESSIONS[key] = (loaded, examples)
+    chosen = parse_heads(heads, loaded.layout) if isinstance(heads, str) else tuple(heads)
+    with run.lock(), run.journal() as journal:
+        scorer = _scorer(loaded, journal, DISCOVERY, examples, reporter, None)
+        reporter(StageStarted("manual", total=1, description=f"evaluate {format_heads(chosen) or '(intact)'}"))
+        scorer.ensure([chosen], stage="manual")
+        acc = scorer.accuracy(chosen)
+        reporter(StageFinished("manual", f"{format_heads(chosen) or '(intact)'}: {100 * acc:.2f}%"))
+    return acc
+
+
+def release(run_dir: str | Path | None = None) -> None:
+    """Drop models kept by evaluate_set (all, or one run's)."""
+    if run_dir is None:
+        _SESSIONS.clear()
+    else:
+        _SESSIONS.pop(Path(run_dir).resolve(), None)
+
+
+# ---- validate and run ---------------------------------------------------------------------------
+def validate(run_dir: str | Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
+    """Held-out intact vs the reloaded baked checkpoint; writes and returns validation.json's content."""
+    from .validate import validate_run
+
+    return validate_run(Path(run_dir), reporter, cancel)
+
+
+def run(
+    recipe: Any,
+    run_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    push: str | None = None,
+    force: bool = False,
+    reporter: Reporter = null_reporter,
+    cancel: threading.Event | None = None,
+) -> tuple[Path, dict, Path | None]:
+    """discover, validate, export: (run folder, validation, export folder or None when nothing was selected)."""
+    from .export import export_run
+
+    path = discover(recipe, run_dir, reporter=reporter, cancel=cancel)
+    result = validate(path, reporter, cancel)
+    if not result.get("heads"):
+        reporter(Log("no head set improved discovery accuracy: nothing to export"))
+        return path, result, None
+    exported = export_run(path, out=out, push=push, force=force, reporter=reporter)
+    return path, result, Path(exported)
+
+
+__all__ = ["discover", "evaluate_set", "validate", "run", "selected_heads", "load_for", "load_split", "release",
+           "JOURNAL_FILE"]

@@ -1,0 +1,129 @@
+"""Held-out validation: the intact model vs the baked, reloaded checkpoint, paired per example.
+
+The edited numbers come from the checkpoint a user would download (baked to a temporary export
+and loaded back through the same loader), not from the in-memory hooks, so validation also proves
+the export. Both arms and every side task are journaled (split `heldout`, `heldout:<task>`), which
+is the first and only time discovery's run touches held-out examples.
+"""
+from __future__ import annotations
+
+import gc
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from .heads import format_heads, parse_heads
+from .runs import SELECTION_FILE, VALIDATION_FILE, Journal, Run
+from .stats import format_p, paired_summary
+
+STAGE = "validate"
+CHUNK = 64  # examples per engine call, for progress and resumability
+
+
+def _split_key(task_name: str, main: str) -> str:
+    return "heldout" if task_name == main else f"heldout:{task_name}"
+
+
+def verdict(row: dict[str, Any], alpha: float) -> tuple[bool, str]:
+    """Plain words: did the gain hold on held-out?"""
+    lo, hi = row["ci95_points"]
+    gain = row["gain_points"]
+    p = format_p(row["mcnemar_p"])
+    level = round(100 * (1 - alpha))
+    held = gain > 0 and lo > 0 and row["mcnemar_p"] < alpha
+    numbers = f"{gain:+.1f} points, {level}% CI [{lo:.1f}, {hi:.1f}], McNemar {p}"
+    if held:
+        return True, f"gain held on held-out: {numbers}"
+    if gain <= 0:
+        return False, f"gain did not hold on held-out: {numbers} (no improvement)"
+    return False, f"gain did not hold on held-out: {numbers} (not significant at {alpha:g})"
+
+
+def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: str, heads_key: str, stage: str,
+          tick: Callable[[int], None], cancel: threading.Event | None) -> np.ndarray:
+    """Correctness of the engine's model as loaded (no hooks: the edit is in the weights), journaled chunk by
+    chunk under `heads_key`, so a cancelled validation resumes without redoing finished chunks."""
+    from .discovery.scorer import Cancelled
+
+    n = len(examples)
+    entry = journal.get(split_key, heads_key)
+    bits = entry.bits[:n] if entry is not None else np.zeros(0, dtype=bool)
+    tick(bits.size)
+    while bits.size < n:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("validation cancelled; finished chunks are saved", "run `headedit validate RUN` again")
+        stop = min(n, bits.size + CHUNK)
+        new = np.asarray(engine.correctness(task, examples[bits.size:stop], [()])[0], dtype=bool)  # [stop - start]
+        bits = np.concatenate([bits, new])
+        journal.put(split_key, heads_key, bits, stage, new_examples=new.size)
+        tick(new.size)
+    return bits
+
+
+def validate_run(run_dir: Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
+    from .bake import bake
+    from .errors import RunError
+    from .pipeline import load_for, load_split, run_recipe
+    from .tasks import get_task
+
+    run = Run.open(run_dir)
+    recipe = run_recipe(run)
+    if not run.has(SELECTION_FILE):
+        raise RunError(f"run {run.path} has no selection yet", f"finish discovery: headedit discover --resume {run.path}")
+    selection = run.read(SELECTION_FILE)
+    with run.lock(), run.journal() as journal:
+        loaded = load_for(recipe, reporter=reporter)
+        heads = format_heads(parse_heads(str(selection.get("heads", "")), loaded.layout))
+        tasks = [loaded.task] + [get_task(name) for name in recipe.validation.side_tasks]
+        splits = {t.name: list(load_split(recipe, t, "heldout", recipe.task.heldout).examples) for t in tasks}
+        total = sum(len(v) for v in splits.values()) * (2 if heads else 1)
+        reporter(StageStarted(STAGE, total=total, description=f"held-out validation of {heads or '(no heads)'}"))
+        done = [0]
+
+        def tick(k: int) -> None:
+            done[0] += k
+            reporter(StageProgress(STAGE, done[0], total))
+
+        intact = {t.name: _bits(journal, loaded.engine, t, splits[t.name], _split_key(t.name, tasks[0].name), "",
+                                "validate:intact", tick, cancel) for t in tasks}
+        if heads:
+            del loaded
+            gc.collect()
+            tmp = Path(tempfile.mkdtemp(prefix=".validate-", dir=run.path))
+            try:
+                baked = bake(recipe.model.id, heads, tmp / "model", revision=recipe.model.revision)
+                reporter(Log(f"baked {heads} into a temporary export; reloading it"))
+                edited_model = load_for(recipe, model_id=str(baked), reporter=reporter)
+                edited = {t.name: _bits(journal, edited_model.engine, t, splits[t.name],
+                                        _split_key(t.name, tasks[0].name), heads, "validate:baked", tick, cancel)
+                          for t in tasks}
+                del edited_model
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            edited = intact
+    alpha = recipe.validation.alpha
+    rows = []
+    for t in tasks:
+        row = {"task": t.name, "dataset_id": t.dataset_id, "metric": t.metric}
+        row.update(paired_summary(intact[t.name], edited[t.name], seed=recipe.task.seed,
+                                  n_boot=recipe.validation.bootstrap, level=1 - alpha))
+        rows.append(row)
+    main = rows[0]
+    passed, text = verdict(main, alpha) if heads else (False, "no heads were selected: nothing to validate")
+    result = {
+        "task": main["task"], "dataset_id": main["dataset_id"], "split": "heldout", "metric": main["metric"],
+        "n": main["n"], "heads": heads, "intact_acc": main["intact_acc"], "edited_acc": main["edited_acc"],
+        "gain_points": main["gain_points"], "relative_error_reduction": main["relative_error_reduction"],
+        "ci95_points": main["ci95_points"], "mcnemar_p": main["mcnemar_p"], "passed": passed, "verdict": text,
+        "edited_source": "baked checkpoint, reloaded" if heads else "intact",
+        "side_tasks": [{k: v for k, v in r.items() if k != "relative_error_reduction"} for r in rows[1:]],
+    }
+    run.write(VALIDATION_FILE, result)
+    reporter(StageFinished(STAGE, text))
+    return result
