@@ -21,7 +21,8 @@ from headedit.tui.widgets.progress import StageProgressPanel
 
 from .runfolder import DELTA, RECIPE, write_run
 
-SIZE = (100, 30)
+import os
+SIZE = tuple(int(x) for x in os.environ.get("TUI_SNAP_SIZE", "100x30").split("x"))
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +37,9 @@ class SnapApp(HeadeditApp):
     def __init__(self, root: Path, **kwargs) -> None:
         recipes = root / "recipes"
         recipes.mkdir(exist_ok=True)
-        (recipes / "snap.toml").write_text(RECIPE.replace('"headedit:demo"', '"./no-such-model"'))
+        # a stable form: a registered task and a model path that does not exist (its inline error)
+        text = RECIPE.replace('"headedit:demo"', '"./no-such-model"').replace('"copy-second"', '"arithmetic"')
+        (recipes / "snap.toml").write_text(text.replace('side_tasks = ["copy-first"]', "side_tasks = []"))
         super().__init__(runs_root=root / "runs", recipe_dirs=[recipes], **kwargs)
         self.animation_level = "none"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -34,10 +35,10 @@ def _p(x: Any) -> str:
 
 def results_table(validation: dict[str, Any]) -> Table:
     """Task, intact, edited, gain, relative error reduction, n, 95% CI, McNemar p: target then side tasks."""
-    table = Table(expand=True, header_style="bold", pad_edge=False)
-    for name, justify in (("task", "left"), ("intact %", "right"), ("edited %", "right"), ("gain", "right"),
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, padding=(0, 1))
+    for name, justify in (("task", "left"), ("intact", "right"), ("edited", "right"), ("gain", "right"),
                           ("RER", "right"), ("n", "right"), ("95% CI", "right"), ("p", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
+        table.add_column(name, justify=justify, no_wrap=name != "task")
     rows = [dict(validation, role="target")] + [dict(s, role="side") for s in validation.get("side_tasks", [])]
     for row in rows:
         ci = row.get("ci95_points")
@@ -50,7 +51,7 @@ def results_table(validation: dict[str, Any]) -> Table:
             Text("—" if gain is None else f"{gain:+.1f}", style=style),
             "—" if rer is None else f"{100 * rer:.0f}%",
             str(row.get("n", "—")),
-            "—" if not ci else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]",
+            "—" if not ci else f"[{ci[0]:.1f}, {ci[1]:.1f}]",
             _p(row.get("mcnemar_p")),
         )
     return table

@@ -57,7 +57,7 @@ class DiscoveryScreen(StepScreen):
                 yield Label("Journal", classes="section")
                 yield RichLog(id="journal", max_lines=500, wrap=False, markup=False, auto_scroll=True)
             with VerticalScroll(id="heatmap-box"):
-                yield Label("Δ discovery accuracy per head (points)", classes="section")
+                yield Label("Δ accuracy per head (pts)", classes="section")
                 yield HeadHeatmap(*self.grid_shape, id="heatmap")
         yield Footer()
 

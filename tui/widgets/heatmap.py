@@ -143,14 +143,15 @@ class HeadHeatmap(Widget, can_focus=True):
         return LABEL_WIDTH + self.num_heads * 4
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return self.num_layers + 2  # header row + one row per layer + the cursor line
+        summary = max(1, -(-len(self.cursor_summary()) // max(width, 1)))  # the cursor line may wrap
+        return self.num_layers + 1 + summary  # header row + one row per layer + the cursor line
 
     # ---- rendering --------------------------------------------------------------------------
     def render(self) -> Text:
         if not self.num_layers or not self.num_heads:
             return Text("no model layout yet", style="dim")
         cw = self._cell_width()
-        out = Text(no_wrap=True, overflow="crop")
+        out = Text(overflow="fold")
         out.append(" " * LABEL_WIDTH)
         for head in range(self.num_heads):
             label = str(head) if cw >= 2 or head % 5 == 0 else " "
@@ -199,6 +200,7 @@ class HeadHeatmap(Widget, can_focus=True):
 
     # ---- interaction ------------------------------------------------------------------------
     def watch_cursor(self, old: tuple[int, int], new: tuple[int, int]) -> None:
+        self.refresh(layout=True)  # the cursor line's length (and so its height) changes
         parent = self.parent
         if isinstance(parent, Widget) and parent.is_scrollable and self.is_mounted:
             row = Region(0, self.virtual_region.y + new[0] + 1, 1, 1)  # +1: the header row

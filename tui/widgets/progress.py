@@ -88,10 +88,10 @@ class StageProgressPanel(Widget):
             return Text(self.placeholder, style="dim")
         now = self.clock()
         grid = Table.grid(padding=(0, 1), expand=True)
-        grid.add_column(width=16, no_wrap=True)
-        grid.add_column(ratio=1, min_width=10)
-        grid.add_column(no_wrap=True, justify="right", width=13)
-        grid.add_column(no_wrap=True, width=16)
+        grid.add_column(max_width=16, no_wrap=True, overflow="ellipsis")
+        grid.add_column(ratio=1, min_width=6)
+        grid.add_column(no_wrap=True, justify="right")
+        grid.add_column(no_wrap=True, min_width=11)
         for state in self.stages.values():
             total = state.total if state.total else max(state.done, 1)
             bar = ProgressBar(total=total, completed=min(state.done, total), finished_style="green",
