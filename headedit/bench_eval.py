@@ -152,6 +152,7 @@ def _cli(args: argparse.Namespace, console: Any) -> int:
     result = run_bench(task, args.n, args.sets, args.batch_size, args.data_dir)
     console.print(f"task {result['task']}: {result['examples']} examples x {result['sets']} ablation sets "
                   f"({result['source']}), tiny random Llama, threads {torch.get_num_threads()}")
+    console.print("accuracy per set (intact first): " + ", ".join(f"{a:.3f}" for a in result["accuracy"]))
     console.print(f"reference: {result['reference_s']:.2f} s   engine: {result['engine_s']:.2f} s")
     console.print(f"speedup: {result['speedup']:.1f}x identical: {'yes' if result['identical'] else 'no'}",
                   highlight=False)

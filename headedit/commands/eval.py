@@ -52,6 +52,7 @@ def evaluate(
     correct = engine.correctness(task, examples, [head_set])[0]
     n, k = len(examples), int(correct.sum())
     lo, hi = wilson_interval(k, n)
+    lo, hi = min(lo, k / n if n else 0.0), max(hi, k / n if n else 1.0)  # float rounding at 0 and 1
     return {
         "task": task.name, "dataset_id": task.dataset_id, "split": split, "metric": task.metric,
         "heads": format_heads(head_set), "n": n, "correct": k, "accuracy": k / n if n else 0.0,
