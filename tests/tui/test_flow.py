@@ -28,10 +28,7 @@ def demo_available() -> bool:
         return False
 
 
-async def wait_workers(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+from .conftest import wait_workers
 
 
 async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -186,3 +183,66 @@ async def test_push_error_opens_modal_and_keeps_export(tmp_path: Path, monkeypat
     verify_export(export)  # the export still matches its manifest
     for name in ("model.safetensors", "config.json"):
         assert (export / name).read_bytes() == before[name]
+
+
+async def test_cancel_leaves_a_resumable_run(tmp_path: Path, tiny_dir: Path) -> None:
+    """Cancel mid-screen: the worker stops at its next checkpoint, the journal keeps what finished,
+    and `r` resumes the same run folder to the end without redoing finished evaluations."""
+    from headedit.events import SetEvaluated, StageProgress
+    from headedit.recipe import parse_recipe
+    from headedit.tui.app import HeadeditApp
+    from headedit.tui.screens.discovery import DiscoveryScreen
+
+    recipe = parse_recipe(f"""name = "cancel"
+[model]
+id = "{tiny_dir}"
+device = "cpu"
+[task]
+name = "arithmetic"
+discovery = 64
+heldout = 32
+[discovery]
+candidates = 3
+max_heads = 2
+""")
+
+    class CancelOnFirstProgress(DiscoveryScreen):
+        """A user who presses Cancel the instant the first progress tick arrives (set in the worker thread,
+        so the timing is exact)."""
+
+        cancelled_once = False
+        cached: list[str] = []
+
+        @property
+        def reporter(self):
+            post = super().reporter
+
+            def report(event):
+                post(event)
+                if isinstance(event, SetEvaluated) and event.cached:
+                    self.cached.append(event.heads)
+                if isinstance(event, StageProgress) and not self.cancelled_once:
+                    self.cancelled_once = True
+                    self.cancel_event.set()
+            return report
+
+    app = HeadeditApp(runs_root=tmp_path / "runs", recipe_dirs=[])
+    run_dir = tmp_path / "runs" / "cancel-run"
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = CancelOnFirstProgress(run_dir, recipe=recipe, layout=(2, 4))
+        await app.push_screen(screen)
+        await wait_workers(pilot)
+        assert screen.state == "cancelled" and app.errors == []
+        assert "r resumes" in str(screen.query_one("#run-status").render())
+        assert (run_dir / "journal.sqlite").is_file() and not (run_dir / "selection.json").exists()
+        from headedit.runs import Journal
+
+        with Journal(run_dir / "journal.sqlite") as journal:
+            done_before = len(journal.entries())
+        assert done_before >= 1
+        await pilot.press("r")
+        await wait_workers(pilot)
+        assert screen.state == "done", app.errors
+        assert (run_dir / "selection.json").is_file() and (run_dir / "search.json").is_file()
+        with Journal(run_dir / "journal.sqlite") as journal:
+            assert len(journal.entries()) >= done_before

@@ -14,6 +14,7 @@ from headedit.tui.app import HeadeditApp
 from headedit.tui.screens.candidates import CandidatesScreen
 from headedit.tui.screens.setup import SetupScreen
 
+from .conftest import wait_workers
 from .runfolder import write_run
 
 pytestmark = pytest.mark.anyio
@@ -31,16 +32,6 @@ heldout = 40
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from headedit.tiny import tiny_model, tiny_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    tiny_model().save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
 def make_app(tmp_path: Path, model: str) -> HeadeditApp:
     recipes = tmp_path / "recipes"
     recipes.mkdir()
@@ -50,8 +41,7 @@ def make_app(tmp_path: Path, model: str) -> HeadeditApp:
 
 async def settle(pilot) -> None:
     await pilot.pause(0.6)  # the inspect debounce
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+    await wait_workers(pilot)
 
 
 def error_text(screen, field: str) -> str:
