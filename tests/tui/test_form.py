@@ -154,3 +154,27 @@ def test_tui_command_registered_and_bad_target_is_one_line(tmp_path: Path) -> No
     helped = subprocess.run([sys.executable, "-m", "headedit", "tui", "--help"], capture_output=True, text=True,
                             timeout=120)
     assert helped.returncode == 0 and "RECIPE_OR_RUN" in helped.stdout
+
+
+async def test_open_run_folder_at_the_step_it_reached(tmp_path: Path) -> None:
+    from headedit.tui.screens.bake_validate import BakeValidateScreen
+    from headedit.tui.screens.error import ErrorModal
+
+    validated = write_run(tmp_path / "runs" / "a-validated")
+    selected = write_run(tmp_path / "runs" / "b-selected", validated=False)
+    app = HeadeditApp(validated, runs_root=tmp_path / "runs", recipe_dirs=[])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, BakeValidateScreen)
+        assert app.screen.validation["gain_points"] == 96.0
+        await pilot.press("escape")
+        setup = app.screen
+        assert isinstance(setup, SetupScreen)
+        assert [p.name for p, _ in setup.runs] and {p.name for p, _ in setup.runs} == {"a-validated", "b-selected"}
+        app.open_run(selected)
+        await pilot.pause()
+        assert isinstance(app.screen, CandidatesScreen)
+        await pilot.press("escape")
+        app.open_run(tmp_path)  # not a run folder: the modal, no crash
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorModal) and "not a headedit run folder" in str(app.errors[-1])

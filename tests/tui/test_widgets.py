@@ -154,3 +154,28 @@ async def test_candidate_table_sorts_by_value() -> None:
         assert table.ordered_heads[-1] == "1.0"
         assert table.ordered_heads[0] == "0.1,0.3"
         assert table.cursor_heads in table.rows_data
+
+
+class BigHeatmapApp(App):
+    def compose(self) -> ComposeResult:
+        from textual.containers import VerticalScroll
+
+        with VerticalScroll(id="box"):
+            yield HeadHeatmap(36, 16, editable=True)
+
+
+async def test_heatmap_of_a_large_model_fits_80_columns_and_follows_the_cursor() -> None:
+    app = BigHeatmapApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        heatmap = app.query_one(HeadHeatmap)
+        box = app.query_one("#box")
+        assert heatmap.size.width <= 80 and heatmap._cell_width() >= 4
+        lines = str(heatmap.render()).splitlines()
+        assert len(lines) == 36 + 2 and all(len(line) <= heatmap.size.width for line in lines[:-1])
+        heatmap.focus()
+        await pilot.press(*["down"] * 30)
+        await pilot.pause()
+        assert heatmap.cursor == (30, 0)
+        assert box.scroll_y > 0
+        row_y = heatmap.virtual_region.y + 30 + 1
+        assert box.scroll_y <= row_y < box.scroll_y + box.size.height
