@@ -149,12 +149,17 @@ def load_tokenizer(path: Path | None) -> Any:
     """The model's tokenizer from its local folder, or None when the folder has no usable tokenizer files."""
     if path is None or not path.is_dir():
         return None
-    try:
-        from transformers import AutoTokenizer
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the library never prints; a failed load is reported in the plan's notes
+    try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception:  # missing or partial tokenizer files: fall back to characters / 4
         return None
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def token_stats(task_name: str, recipe: Recipe, tokenizer: Any, size: int) -> TokenStats:
