@@ -27,7 +27,7 @@ def single_screen(
     boundaries = early_stop.boundaries(n) if early_stop else [n]
     active = list(heads)
     stopped_at: dict[Head, int] = {}
-    finished = 0
+
 
     def progress(_: int = 0) -> None:
         # units: head x example; an early-stopped head's remaining examples leave the total
@@ -43,11 +43,11 @@ def single_screen(
         still: list[Head] = []
         for h, b in zip(active, bits):
             if upto == n:
-                finished += 1
+
                 reporter(HeadScored(STAGE, h.layer, h.head, _delta(intact, b), {"n": int(b.size)}))
             elif early_stop is not None and early_stop.should_drop(intact[:upto], b):
                 stopped_at[h] = upto
-                finished += 1
+
                 reporter(HeadScored(STAGE, h.layer, h.head, _delta(intact, b), {"n": int(b.size), "stopped": True}))
             else:
                 still.append(h)
