@@ -1,7 +1,7 @@
 """Sequential early stop for the single-head screen: stop spending examples on heads clearly worse than intact.
 
-Rule (stated verbatim in screen.json): after each chunk of `chunk` examples, with at least `min_n`
-examples seen, a head is dropped when the one-sided exact sign test on its discordant pairs
+Rule (stated verbatim in screen.json): after `chunk`, 2*`chunk`, 4*`chunk`, ... examples, with at least
+`min_n` examples seen, a head is dropped when the one-sided exact sign test on its discordant pairs
 against the intact model (examples it broke vs examples it fixed) gives p < `alpha`.
 `alpha` is per look; with the default 1e-4 and at most a few dozen looks the chance of dropping a
 head that is not worse stays below ~1e-3 per head. Dropped heads keep the paired accuracy change
@@ -29,7 +29,8 @@ class EarlyStop:
 
     def rule(self) -> str:
         return (
-            f"after each chunk of {self.chunk} discovery examples (from {self.min_n} on), drop a head when the "
+            f"after {self.chunk}, {2 * self.chunk}, {4 * self.chunk}, ... discovery examples (doubling; from "
+            f"{self.min_n} on), drop a head when the "
             f"one-sided exact sign test on its discordant pairs vs intact (broken vs fixed) gives p < {self.alpha:g}; "
             "dropped heads keep the paired change on the examples they saw and rank after every completed head"
         )
@@ -42,8 +43,15 @@ class EarlyStop:
         return broken > fixed and sign_test_worse(fixed, broken) < self.alpha
 
     def boundaries(self, n: int) -> list[int]:
-        """Example counts after which the rule is applied; the last one is always n."""
-        marks = list(range(self.chunk, n, self.chunk))
+        """Example counts after which the rule is applied: chunk, 2*chunk, 4*chunk, ... then n.
+
+        Doubling keeps the number of looks (and engine calls) logarithmic in n while a clearly
+        harmful head still stops after the first chunk.
+        """
+        marks, k = [], self.chunk
+        while k < n:
+            marks.append(k)
+            k *= 2
         return marks + [n]
 
     def to_dict(self) -> dict:
