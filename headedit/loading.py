@@ -182,8 +182,13 @@ def load_model(
     revision: str | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
+    device_map: str | None = None,
+    max_memory: dict | None = None,
 ) -> tuple[Any, Any, HeadLayout]:
-    """(model, tokenizer, layout), after every check that can fail without allocating the weights."""
+    """(model, tokenizer, layout), after every check that can fail without allocating the weights.
+
+    `device_map="auto"` with `max_memory` spreads a model too large for one GPU (needs `accelerate`).
+    """
     source = resolve_model(model_id, revision)
     config = read_config(source.path)
     check_remote_code(config, trust_remote_code)
@@ -194,15 +199,25 @@ def load_model(
     torch_dtype = pick_dtype(dtype, device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    placed: dict[str, Any] = {}
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise ModelLoadError("spreading a model over devices (model.max_memory) needs the accelerate package",
+                                 "pip install accelerate") from None
+        placed = {"device_map": device_map, "max_memory": max_memory}
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.path, dtype=torch_dtype, use_safetensors=not allow_pickle or bool(files),
-            trust_remote_code=trust_remote_code,
+            trust_remote_code=trust_remote_code, **placed,
         )
     except Exception as err:
         raise ModelLoadError(f"transformers could not load {source.id}: {type(err).__name__}: {err}".split("\n")[0],
                              "check the model files") from None
-    model.to(device).eval()
+    if device_map is None:
+        model.to(device)
+    model.eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code)
     except Exception as err:

@@ -36,17 +36,26 @@ class Loaded:
     task: Any
 
 
-def load_for(recipe: Any, model_id: str | None = None, reporter: Reporter = null_reporter) -> Loaded:
-    """Load the recipe's model (or `model_id`, e.g. a baked export) with an engine for its task."""
+def load_for(recipe: Any, model_id: str | None = None, reporter: Reporter = null_reporter,
+             placement: Any = None) -> Loaded:
+    """Load the recipe's model (or `model_id`, e.g. a baked export) with an engine for its task.
+
+    `placement` (`distributed.Placement`) says where: default from the recipe's device and max_memory,
+    and under torchrun this process's GPU (or GPU slice).
+    """
+    from .distributed import placement_for
     from .engine import Engine
     from .loading import load_model
     from .tasks import get_task
 
     m = recipe.model
-    reporter(Log(f"loading model {model_id or m.id}"))
+    where = placement or placement_for(m)
+    reporter(Log(f"loading model {model_id or m.id} on {where.device}"
+                 + (f" (device_map over {dict(where.max_memory or {})})" if where.device_map else "")))
     model, tokenizer, layout = load_model(
-        model_id or m.id, dtype=m.dtype, device=m.device, revision=None if model_id else m.revision,
-        trust_remote_code=m.trust_remote_code,
+        model_id or m.id, dtype=m.dtype, device=where.device, revision=None if model_id else m.revision,
+        trust_remote_code=m.trust_remote_code, device_map=where.device_map,
+        max_memory=dict(where.max_memory) if where.max_memory else None,
     )
     batch = 16 if m.batch_size == "auto" else int(m.batch_size)
     engine = Engine(model, tokenizer, layout, batch_size=batch,
@@ -77,12 +86,16 @@ def run_recipe(run: Run) -> Any:
 
 
 def _scorer(loaded: Loaded, journal: Journal, split_name: str, examples: Sequence[Any], reporter: Reporter,
-            cancel: threading.Event | None):
+            cancel: threading.Event | None, shard: Any = None):
+    """The journaled scorer; with a `distributed.Shard`, each call's sets are split over the processes."""
     from .discovery.scorer import Scorer
 
     def eval_fn(sets: list[tuple[Head, ...]], start: int, stop: int):
         return loaded.engine.correctness(loaded.task, examples[start:stop], sets)
 
+    if shard is not None:  # SETS_PER_CALL per process; cancel is checked collectively inside the shard
+        return Scorer(journal, split_name, len(examples), shard.wrap(eval_fn), reporter,
+                      SETS_PER_CALL * shard.world_size, None)
     return Scorer(journal, split_name, len(examples), eval_fn, reporter, SETS_PER_CALL, cancel)
 
 
@@ -118,7 +131,14 @@ def discover(
     reporter: Reporter = null_reporter,
     cancel: threading.Event | None = None,
 ) -> Path:
-    """Screen and search on the discovery split; returns the run folder (resumable at any point)."""
+    """Screen and search on the discovery split; returns the run folder (resumable at any point).
+
+    Under torchrun with several processes, `distributed.discover` shards every evaluation over them.
+    """
+    from . import distributed
+
+    if distributed.active():
+        return distributed.discover(recipe, run_dir, resume, reporter, cancel)
     if resume:
         if run_dir is None:
             raise RunError("--resume needs the run folder", "headedit discover --resume RUN")
@@ -134,18 +154,26 @@ def discover(
     return run.path
 
 
-def _discover(run: Run, recipe: Any, journal: Journal, reporter: Reporter, cancel: threading.Event | None) -> None:
+def _discover(run: Run, recipe: Any, journal: Journal, reporter: Reporter, cancel: threading.Event | None,
+              shard: Any = None) -> None:
+    """The discovery stages; `shard` (several processes) splits evaluations, and `run`/`journal` may be a
+    rank's read-only mirrors of rank 0's (see `headedit.distributed`)."""
+    from .autobatch import resolve_batch
     from .discovery import run_screen
     from .discovery.search import SearchSpec, joint_search
     from .discovery.table import ScreenResult
 
     loaded = load_for(recipe, reporter=reporter)
     split = load_split(recipe, loaded.task, DISCOVERY)
+    env = environment(str(loaded.engine.device))
+    env["attn_implementation"] = str(getattr(loaded.model.config, "_attn_implementation", "") or "")
+    env["processes"] = str(shard.world_size if shard is not None else 1)
     run.update_info(task={**run.info.get("task", {}), "data_note": split.note, "source": split.source,
                           "discovery_n": len(split)},
-                    environment={**environment(str(loaded.engine.device))})
+                    environment=env)
     examples = list(split.examples)
-    scorer = _scorer(loaded, journal, DISCOVERY, examples, reporter, cancel)
+    resolve_batch(loaded.engine, recipe.model.batch_size, loaded.task, examples, run, reporter)
+    scorer = _scorer(loaded, journal, DISCOVERY, examples, reporter, cancel, shard)
     if run.has(SCREEN_FILE):
         screen = ScreenResult.from_json(run.read(SCREEN_FILE))
         reporter(Log(f"screen: reusing {SCREEN_FILE} ({screen.method})"))

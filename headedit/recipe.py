@@ -41,6 +41,7 @@ class ModelSpec:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     trust_remote_code: bool = False
     batch_size: int | Literal["auto"] = "auto"
+    max_memory: Mapping[str, str] | None = None  # {"0": "70GiB", "cpu": "200GiB"}: spread over devices (device_map)
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,9 @@ def _task_names(ctx: _Ctx, key: str, value: Any, check_tasks: bool) -> Any:
 
 # ---- parsing ----------------------------------------------------------------------------------
 TOP_KEYS = ("name", "model", "task", "discovery", "validation", "export")
-MODEL_KEYS = ("id", "revision", "dtype", "device", "chat_template_kwargs", "trust_remote_code", "batch_size")
+MODEL_KEYS = ("id", "revision", "dtype", "device", "chat_template_kwargs", "trust_remote_code", "batch_size",
+              "max_memory")
+_MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 TASK_KEYS = ("name", "discovery", "heldout", "seed", "data_dir", "chat")
 DISCOVERY_KEYS = tuple(f.name for f in fields(DiscoverySpec))
 VALIDATION_KEYS = ("side_tasks", "bootstrap", "alpha")
@@ -288,7 +291,12 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
         trust_remote_code=_get(ctx, m, "trust_remote_code", p, _bool, "true or false", False, example="false"),
         batch_size=_get(ctx, m, "batch_size", p, _positive_or_auto, f'"auto" or an integer 1..{MAX_SIZE}', "auto",
                         example="16"),
+        max_memory=_get(ctx, m, "max_memory", p, _max_memory, 'a table of GPU index or "cpu" = size like "70GiB"',
+                        None, example='{ 0 = "70GiB", 1 = "70GiB" }'),
     )
+    if model.max_memory is not None and model.device in ("cpu", "mps"):
+        raise ctx.fail("model.max_memory", f"needs CUDA GPUs, but model.device is {model.device!r}",
+                       'set device = "auto" or remove max_memory')
 
     t = _section(ctx, raw, "task", TASK_KEYS, required=True)
     p = "task."
@@ -364,6 +372,16 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
 
 def _fail() -> Any:
     raise ValueError
+
+
+def _max_memory(value: Any) -> Mapping[str, str]:
+    """accelerate's max_memory: keys are GPU indices or "cpu", values sizes with a unit."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError
+    for key, size in value.items():
+        if not (key.isdigit() or key == "cpu") or not isinstance(size, str) or not _MEMORY.match(size.strip()):
+            raise ValueError
+    return MappingProxyType({k: v.strip() for k, v in value.items()})
 
 
 def _string_list(value: Any) -> list[str]:

@@ -48,5 +48,9 @@ def run(args: argparse.Namespace, console: Any) -> int:
             path = discover(None, args.resume, resume=True, reporter=reporter)
         else:
             path = discover(load_recipe(args.recipe), args.out, reporter=reporter)
+    from ..distributed import is_main_process
+
+    if not is_main_process():  # torchrun: rank 0 alone owns the run folder and prints the outcome
+        return 0
     print_outcome(console, path)
     return 0

@@ -1,0 +1,351 @@
+"""Discovery over several processes (`torchrun --nproc_per_node N -m headedit discover ...`).
+
+Ablation sets are independent, so every process holds a model replica (or a slice of GPUs through a
+`device_map`), runs the same deterministic discovery loop, and evaluates only its share of each call's sets;
+the bits are gathered to every process, so all of them take the same decisions. Only rank 0 touches the run
+folder: it holds the lock, writes the one journal and every result file, and at the start broadcasts what the
+folder already holds (recipe, journal rows, finished stage files). The journal is keyed by head set, never by
+rank, so a run resumes with any number of processes. Launch: torchrun sets RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT; CUDA ranks talk over NCCL, CPU ranks over gloo.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .errors import HeadeditError, RunError
+from .events import Reporter, null_reporter
+from .runs import JOURNAL_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, now
+
+STAGE_FILES = (SCREEN_FILE, SEARCH_FILE, SELECTION_FILE)
+
+
+# ---- who am I -----------------------------------------------------------------------------------
+def world_size() -> int:
+    """Processes in this launch (torchrun's WORLD_SIZE; 1 when not launched by torchrun)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+
+def rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:  # pragma: no cover
+        pass
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def is_main_process() -> bool:
+    """Only rank 0 prints results and writes run files."""
+    return rank() == 0
+
+
+def active() -> bool:
+    """True when this process is one of several (so discovery must shard and gather)."""
+    return world_size() > 1
+
+
+def share(count: int, rank_: int, world: int) -> tuple[int, int]:
+    """Contiguous [lo, hi) slice of `count` sets for `rank_`: sizes differ by at most one.
+
+    Contiguous (not strided) so a process's sets share their lowest ablated layer as often as possible,
+    which is what the engine's prefix reuse pays off on.
+    """
+    base, extra = divmod(count, world)
+    lo = rank_ * base + min(rank_, extra)
+    return lo, lo + base + (1 if rank_ < extra else 0)
+
+
+# ---- where the model goes -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    """Where one process puts its model: a device, or a `device_map="auto"` over some GPUs and a budget."""
+
+    device: str  # the device inputs go to ("cpu", "cuda:3")
+    device_map: str | None = None  # "auto" when the model is spread over several devices
+    max_memory: Mapping[Any, str] | None = None  # accelerate's budget, keys GPU index or "cpu"
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.startswith("cuda") else "gloo"
+
+
+def _memory_keys(max_memory: Mapping[str, str]) -> dict[Any, str]:
+    """Recipe keys are strings ("0", "cpu"); accelerate wants GPU indices as ints."""
+    return {int(k) if str(k).isdigit() else str(k): str(v) for k, v in max_memory.items()}
+
+
+def place(device: str, max_memory: Mapping[str, str] | None, local_rank: int, local_world: int,
+          gpu_count: int) -> Placement:
+    """This process's placement from the recipe's device/max_memory, its local rank and the visible GPUs.
+
+    One process, no budget: the recipe's device. A `max_memory` budget spreads the model over the GPUs it
+    names (device_map="auto"). Several processes on a node split the visible GPUs evenly: with one GPU each,
+    a replica per GPU; with several each, every process spreads its replica over its own slice.
+    """
+    if device == "cpu" or (device == "auto" and gpu_count == 0):
+        if max_memory:
+            raise RunError("model.max_memory needs CUDA GPUs", "remove max_memory or run on a GPU machine")
+        return Placement("cpu")
+    if device.startswith("cuda") and gpu_count == 0:
+        raise RunError(f"model.device is {device} but no CUDA GPU is visible", 'set device = "auto" or "cpu"')
+    budget = _memory_keys(max_memory) if max_memory else None
+    if local_world <= 1:
+        if budget is None:
+            return Placement("cuda:0" if device in ("auto", "cuda") else device)
+        gpus = sorted(k for k in budget if isinstance(k, int))
+        if any(g >= gpu_count for g in gpus):
+            raise RunError(f"model.max_memory names GPU {max(gpus)} but only {gpu_count} are visible",
+                           "name GPUs 0.." + str(gpu_count - 1))
+        return Placement(f"cuda:{gpus[0]}" if gpus else "cpu", "auto", budget)
+    if gpu_count < local_world:
+        raise RunError(f"{local_world} processes on this node but only {gpu_count} GPUs",
+                       f"launch at most {gpu_count} processes per node (torchrun --nproc_per_node {gpu_count})")
+    per = gpu_count // local_world
+    mine = list(range(local_rank * per, (local_rank + 1) * per))
+    if per == 1 and budget is None:
+        return Placement(f"cuda:{mine[0]}")
+    limit = budget or {}
+    slice_budget: dict[Any, str] = {g: limit.get(g, limit.get(0, "100%")) for g in mine}
+    slice_budget = {g: v for g, v in slice_budget.items() if v != "100%"} or None  # type: ignore[assignment]
+    if slice_budget is None:  # no budget: accelerate fills these GPUs only
+        slice_budget = {g: _gpu_total(g) for g in mine}
+    if "cpu" in limit:
+        slice_budget["cpu"] = limit["cpu"]
+    return Placement(f"cuda:{mine[0]}", "auto", slice_budget)
+
+
+def _gpu_total(index: int) -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_properties(index).total_memory // 2**20}MiB"
+
+
+def placement_for(model_spec: Any) -> Placement:
+    """`place` for this process (env LOCAL_RANK / LOCAL_WORLD_SIZE, visible CUDA GPUs)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if active() else 1
+    return place(model_spec.device, getattr(model_spec, "max_memory", None), int(os.environ.get("LOCAL_RANK", "0")),
+                 local_world, gpus)
+
+
+# ---- collectives ----------------------------------------------------------------------------------
+def init_process_group(backend: str) -> None:
+    """Join torchrun's process group once (env:// rendezvous)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            if key not in os.environ:
+                raise RunError(f"several processes need {key} in the environment", "launch with torchrun --nproc_per_node N")
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+
+
+def _broadcast(obj: Any, device: str) -> Any:
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, device=_comm_device(device))
+    return box[0]
+
+
+def _comm_device(device: str) -> Any:
+    import torch
+
+    return torch.device(device) if device.startswith("cuda") else None
+
+
+class Shard:
+    """Wraps an evaluator so each process computes a contiguous share of the sets and all get every row.
+
+    A failure or a cancel on any process is seen by all of them at the same collective, so no process is
+    left waiting: every process raises the same error.
+    """
+
+    def __init__(self, device: str, cancel: threading.Event | None = None) -> None:
+        self.device = device
+        self.rank = rank()
+        self.world_size = world_size()
+        self.cancel = cancel
+        self.calls = 0
+        self.sets_here = 0  # sets this process evaluated
+
+    def wrap(self, eval_fn: Callable[[list, int, int], np.ndarray]) -> Callable[[list, int, int], np.ndarray]:
+        import torch.distributed as dist
+
+        from .discovery.scorer import Cancelled
+
+        def sharded(sets: list, start: int, stop: int) -> np.ndarray:
+            cancelled = bool(self.cancel is not None and self.cancel.is_set())
+            flags: list[Any] = [None] * self.world_size
+            dist.all_gather_object(flags, cancelled)
+            if any(flags):
+                raise Cancelled("run cancelled; every finished evaluation is saved",
+                                "resume with `headedit discover --resume RUN` (any number of processes)")
+            lo, hi = share(len(sets), self.rank, self.world_size)
+            error: str | None = None
+            mine = np.zeros((hi - lo, stop - start), dtype=bool)  # [my sets, examples]
+            try:
+                if hi > lo:
+                    mine = np.asarray(eval_fn(sets[lo:hi], start, stop), dtype=bool)
+            except HeadeditError as err:
+                error = str(err)
+            except Exception as err:  # noqa: BLE001 - reported on every rank, then raised
+                error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, (error, np.packbits(mine, axis=1), mine.shape))
+            failed = [(r, e) for r, (e, _, _) in enumerate(parts) if e]
+            if failed:
+                r, e = failed[0]
+                raise RunError(f"process {r} of {self.world_size} failed: {e}",
+                               "fix the cause and resume; finished evaluations are in the journal")
+            self.calls += 1
+            self.sets_here += hi - lo
+            rows = [np.unpackbits(p, axis=1, count=shape[1]).astype(bool).reshape(shape) for _, p, shape in parts]
+            return np.concatenate(rows, axis=0)  # [sets, examples], in the callers' set order
+
+        return sharded
+
+
+class MirrorJournal:
+    """What a non-zero rank keeps instead of the SQLite journal: the same rows, in memory only.
+
+    Every rank puts the same gathered bits in the same order, so this mirror and rank 0's journal agree.
+    """
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self._cache = {(e.split, e.heads): e for e in entries}
+
+    def get(self, split: str, heads: str) -> Entry | None:
+        return self._cache.get((split, heads))
+
+    def put(self, split: str, heads: str, bits: np.ndarray, stage: str, new_examples: int) -> Entry:
+        bits = np.asarray(bits, dtype=bool).ravel()
+        old = self._cache.get((split, heads))
+        if old is not None and old.n >= bits.size:
+            return old
+        entry = Entry(split, heads, int(bits.size), bits, old.stage if old else stage, old.created if old else now())
+        self._cache[(split, heads)] = entry
+        return entry
+
+    def entries(self, split: str | None = None) -> list[Entry]:
+        return [e for e in self._cache.values() if split is None or e.split == split]
+
+    def close(self) -> None:
+        pass
+
+
+class RunMirror:
+    """What a non-zero rank sees of the run folder: rank 0's snapshot of it; writes go nowhere."""
+
+    def __init__(self, path: str, info: dict[str, Any], files: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.info = info
+        self._files = files
+
+    def has(self, name: str) -> bool:
+        return name in self._files
+
+    def read(self, name: str) -> Any:
+        return self._files[name]
+
+    def write(self, name: str, data: Any) -> None:
+        self._files[name] = data
+
+    def update_info(self, **fields: Any) -> None:
+        self.info.update(fields)
+
+
+# ---- the entry point ----------------------------------------------------------------------------
+def discover(recipe: Any = None, run_dir: str | Path | None = None, resume: bool = False,
+             reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> Path:
+    """`pipeline.discover` for one of several processes; every rank returns the run folder's path."""
+    from . import pipeline
+
+    spec_device = getattr(getattr(recipe, "model", None), "device", "auto")
+    import torch
+
+    cuda = torch.cuda.is_available() and spec_device != "cpu"
+    init_process_group("nccl" if cuda else "gloo")
+    me = rank()
+    if not cuda:
+        device = "cpu"
+    else:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(torch.device(device))
+    with ExitStack() as stack:
+        state: dict[str, Any]
+        if me == 0:
+            try:
+                run, journal, recipe = _open_main(recipe, run_dir, resume, stack)
+                state = {"recipe": run.recipe_text, "path": str(run.path), "info": dict(run.info),
+                         "files": {n: run.read(n) for n in STAGE_FILES if run.has(n)},
+                         "entries": [(e.split, e.heads, e.n, np.packbits(e.bits), e.stage, e.created)
+                                     for e in journal.entries()]}
+            except HeadeditError as err:
+                _broadcast({"error": (err.message, err.hint, type(err).__name__)}, device)
+                raise
+            _broadcast(state, device)
+        else:
+            state = _broadcast(None, device)
+            if "error" in state:
+                message, hint, _ = state["error"]
+                raise RunError(f"rank 0 could not start: {message}", hint)
+            from .recipe import parse_recipe
+
+            recipe = parse_recipe(state["recipe"], Path(state["path"]) / "recipe.toml")
+            entries = [Entry(s, h, n, np.unpackbits(b, count=n).astype(bool), st, c)
+                       for s, h, n, b, st, c in state["entries"]]
+            journal = MirrorJournal(entries)
+            run = RunMirror(state["path"], state["info"], state["files"])
+            reporter = null_reporter
+        shard = Shard(device, cancel)
+        pipeline._discover(run, recipe, journal, reporter, None, shard=shard)
+    import torch.distributed as dist
+
+    dist.barrier()
+    return Path(state["path"])
+
+
+def _open_main(recipe: Any, run_dir: str | Path | None, resume: bool, stack: ExitStack) -> tuple[Any, Any, Any]:
+    """Rank 0: create or open the run folder, hold its lock and journal for the whole run."""
+    from .pipeline import _run_info, run_recipe
+    from .recipe import RecipeError
+    from .runs import Run, default_run_dir
+
+    if resume:
+        if run_dir is None:
+            raise RunError("--resume needs the run folder", "headedit discover --resume RUN")
+        run = Run.open(Path(run_dir))
+        recipe = run_recipe(run)
+    else:
+        if recipe is None or not getattr(recipe, "source_text", ""):
+            raise RecipeError("discover needs a recipe loaded from TOML text", "use load_recipe(path)")
+        run = Run.create(Path(run_dir) if run_dir else default_run_dir(recipe.name), recipe.source_text,
+                         _run_info(recipe))
+    stack.enter_context(run.lock())
+    journal = stack.enter_context(run.journal())
+    return run, journal, recipe
+
+
+__all__ = ["world_size", "rank", "is_main_process", "active", "share", "Placement", "place", "placement_for",
+           "Shard", "MirrorJournal", "RunMirror", "discover", "JOURNAL_FILE"]
