@@ -7,6 +7,7 @@ Asserts on what the screens received (events, table rows, validation) and on the
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ import pytest
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[2]
+SHOTS = os.environ.get("HEADEDIT_TUI_SHOTS")  # a folder: save an SVG of each step there (for humans)
+
+
+def shot(app, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        (Path(SHOTS) / f"{name}.svg").write_text(app.export_screenshot())
 
 
 def demo_available() -> bool:
@@ -58,11 +66,12 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         assert setup.layout_info is not None, setup.model_error
         n_layers, n_heads = setup.layout_info["num_layers"], setup.layout_info["num_heads"]
         # smaller splits keep the test quick; typed like a user would
-        for field, value in (("discovery", "300"), ("heldout", "400")):
+        for field, value in (("discovery", "200"), ("heldout", "300")):
             setup.query_one(f"#{field}").focus()
             await pilot.press("end", *["backspace"] * 6, *value)
         await pilot.pause()
-        assert setup.query_one("#discovery").value == "300"
+        assert setup.query_one("#discovery").value == "200"
+        shot(app, "setup")
         await pilot.press("ctrl+r")
         await pilot.pause()
 
@@ -85,6 +94,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         stages = discovery.query_one(StageProgressPanel).stages
         assert stages and all(s.finished for s in stages.values())
 
+        shot(app, "discovery")
         # ---- candidates: the trace, a hand-made set evaluated on demand, back to the search's choice ----
         await pilot.press("enter")
         await pilot.pause()
@@ -107,6 +117,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         await pilot.press("a")
         assert candidates.current == selection["heads"]
 
+        shot(app, "candidates")
         # ---- bake & validate ----
         await pilot.press("b")
         await pilot.pause()
@@ -120,6 +131,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         assert validation["passed"] and validation["gain_points"] >= 50 and validation["ci95_points"][0] > 0
         assert validation["verdict"] in str(bake.query_one("#verdict").render())
 
+        shot(app, "bake_validate")
         # ---- publish: export, card preview, push to the local Hub server ----
         await pilot.press("p")
         await pilot.pause()
@@ -138,6 +150,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         await pilot.pause(0.6)
         await wait_workers(pilot)
         assert repo in publish.query_one("#card").source  # the live preview names the repo
+        shot(app, "publish")
         await pilot.press("ctrl+p")
         await pilot.pause()
         await wait_workers(pilot)
@@ -147,6 +160,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         pushed = json.loads(hub_inprocess.file_bytes(repo, "headedit.json", "main"))
         assert pushed["heads"] == selection["heads"]
         assert repo in hub_inprocess.file_bytes(repo, "README.md", "main").decode()
+        shot(app, "pushed")
 
     # a hand-made choice is recorded without losing the search's own
     other = next(t["heads"] for t in trace if t["heads"] and t["heads"] != selection["heads"]) if len(trace) > 1 else hand

@@ -89,7 +89,9 @@ class PublishScreen(StepScreen):
         from headedit.card import render_card
 
         assert self.export_dir is not None
-        return str(render_card(self.export_dir, self.run_dir, repo_id=repo_id or None))
+        card = render_card(self.export_dir, self.run_dir, repo_id=repo_id or None)
+        # Markdown would mangle the YAML front matter: show it as a fenced block after the body
+        return f"{card.text.strip()}\n\n## Card metadata\n\n```yaml\n{card.data.to_yaml().strip()}\n```\n"
 
     def schedule_preview(self, now: bool = False) -> None:
         if self.export_dir is None:
