@@ -236,6 +236,37 @@ def release(run_dir: str | Path | None = None) -> None:
         _SESSIONS.pop(Path(run_dir).resolve(), None)
 
 
+def select(run_dir: str | Path, heads: str | Sequence[Head], reporter: Reporter = null_reporter) -> dict:
+    """Make a hand-picked set the run's selection (validate and export read selection.json).
+
+    The set is scored on the discovery split (journaled); the search's own choice stays on record
+    under `search_heads`/`search_discovery_acc`, and a validation of another set is discarded.
+    """
+    run = Run.open(Path(run_dir))
+    if not run.has(SELECTION_FILE):
+        raise RunError(f"run {run.path} has no selection yet", f"finish it: headedit discover --resume {run.path}")
+    selection = run.read(SELECTION_FILE)
+    acc = evaluate_set(run.path, heads, reporter=reporter)
+    chosen = format_heads(parse_heads(heads) if isinstance(heads, str) else heads)
+    if selection.get("heads") == chosen:
+        return selection
+    intact = selection.get("intact_acc")
+    record = {k: v for k, v in selection.items() if not k.startswith("search_")}
+    record.update({
+        "heads": chosen, "discovery_acc": acc, "chosen_by": "hand",
+        "gain_points": None if intact is None else 100.0 * (acc - float(intact)),
+        "search_heads": selection.get("search_heads", selection.get("heads")),
+        "search_discovery_acc": selection.get("search_discovery_acc", selection.get("discovery_acc")),
+    })
+    with run.lock():
+        run.write(SELECTION_FILE, record)
+        stale = run.path / "validation.json"
+        if stale.is_file():
+            stale.unlink()
+    reporter(Log(f"selection set by hand: {chosen} (search chose {record['search_heads'] or '(none)'})"))
+    return record
+
+
 # ---- validate and run ---------------------------------------------------------------------------
 def validate(run_dir: str | Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
     """Held-out intact vs the reloaded baked checkpoint; writes and returns validation.json's content."""
@@ -265,5 +296,5 @@ def run(
     return path, result, Path(exported)
 
 
-__all__ = ["discover", "evaluate_set", "validate", "run", "selected_heads", "load_for", "load_split", "release",
+__all__ = ["discover", "evaluate_set", "select", "validate", "run", "selected_heads", "load_for", "load_split", "release",
            "JOURNAL_FILE"]

@@ -58,33 +58,10 @@ def results_table(validation: dict[str, Any]) -> Table:
 
 
 def record_choice(run_dir: Path, heads: str, reporter: Any) -> None:
-    """Make `heads` the run's selection (validate and export read selection.json).
-
-    Uses `headedit.pipeline.select` when the library offers it; otherwise records the hand-made choice
-    through the run-folder API, keeping the search's own choice under `search_*` so nothing is lost.
-    """
+    """Make `heads` the run's selection; the library keeps the search's own choice on record."""
     from headedit import pipeline
-    from headedit.runs import SELECTION_FILE, Run
 
-    select = getattr(pipeline, "select", None)
-    if select is not None:
-        select(run_dir, heads, reporter=reporter)
-        return
-    run = Run.open(run_dir)
-    selection = run.read(SELECTION_FILE)
-    if selection.get("heads") == heads:
-        return
-    acc = float(pipeline.evaluate_set(run_dir, heads, reporter=reporter, keep_loaded=False))
-    intact = selection.get("intact_acc")
-    record = {k: v for k, v in selection.items() if not k.startswith("search_")}
-    record.update({
-        "heads": heads, "discovery_acc": acc,
-        "gain_points": None if intact is None else 100.0 * (acc - float(intact)), "chosen_by": "hand",
-        "search_heads": selection.get("search_heads", selection.get("heads")),
-        "search_discovery_acc": selection.get("search_discovery_acc", selection.get("discovery_acc")),
-    })
-    run.write(SELECTION_FILE, record)
-    reporter(Log(f"selection set by hand: {heads} (search chose {record['search_heads'] or '(none)'})"))
+    pipeline.select(run_dir, heads, reporter=reporter)
 
 
 class BakeValidateScreen(StepScreen):
