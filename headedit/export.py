@@ -12,7 +12,7 @@ from typing import Any
 
 from .atomic import atomic_dir
 from .bake import bake_into, read_manifest, write_manifest
-from .errors import RunError
+from .errors import ExportError, RunError
 from .events import Log, Reporter, null_reporter
 from .loading import resolve_model
 
@@ -52,6 +52,9 @@ def export_run(
 ) -> Path:
     """Bake the run's selected heads with card and run record into `out`; push when a repo is given."""
     run_dir = Path(run_dir)
+    from .runs import Run
+
+    Run.open(run_dir)  # a folder that is not a run, or one from a newer headedit, is refused here
     recipe = run_recipe(run_dir)
     selection = run_selection(run_dir)
     heads = selection.get("heads")
@@ -59,6 +62,8 @@ def export_run(
         raise RunError(f"run {run_dir.name} selected no heads (no ablation improved discovery accuracy)",
                        "nothing to export; try another screen or more candidates")
     source = resolve_model(recipe.model.id, recipe.model.revision)
+    if push:
+        _preflight_push(run_dir, push)
     target = Path(out) if out else default_export_dir(run_dir, recipe)
     with atomic_dir(target, force=force, protect=(source.path,)) as tmp:
         manifest = bake_into(source, heads, tmp, reporter)
@@ -79,6 +84,24 @@ def export_run(
         url = push_export(target, push, private=recipe.export.private if private is None else private, reporter=reporter)
         reporter(Log(f"pushed: {url}"))
     return target
+
+
+def _preflight_push(run_dir: Path, repo_id: str) -> None:
+    """Refuse a push that cannot succeed (bad repo id, unvalidated run, no/bad/read-only token,
+    foreign namespace) before baking, so a refused push leaves no export behind."""
+    from .hub import _check_account, _token, _validation_passed, check_repo_id, hub_errors
+
+    check_repo_id(repo_id)
+    try:
+        _validation_passed(run_dir, force=False)
+    except ExportError as err:
+        raise ExportError(err.message, f"run `headedit validate {run_dir}` first; an unvalidated export can be "
+                          "pushed only with `headedit push --force`") from None
+    secret = _token(None)
+    from huggingface_hub import HfApi
+
+    with hub_errors(repo_id, secret):
+        _check_account(HfApi(token=secret), repo_id)
 
 
 __all__ = ["export_run", "run_selection", "run_recipe", "read_manifest"]

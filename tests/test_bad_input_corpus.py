@@ -1,0 +1,494 @@
+"""Bad input corpus: every row runs the real CLI in a subprocess and must fail cleanly.
+
+For each case: exit code 2, exactly one line on stderr (`headedit: error: <problem> (<how to fix>)`), no
+traceback, nothing created or changed on disk (the whole tmp tree and the source model are hashed before
+and after; no half-made run or export folder), nothing created on the local Hub, and the token never echoed.
+The cases run in a small thread pool (each subprocess pays the interpreter + torch import).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = 3
+MAX_STDERR_LINE = 400  # one readable line, not a dump
+
+# A valid recipe as {section: {key: TOML literal}}; each recipe case changes one thing.
+BASE_RECIPE: dict[str, dict[str, str]] = {
+    "": {"name": '"bad-input"'},
+    "model": {"id": '"{model}"', "dtype": '"float32"', "device": '"cpu"', "batch_size": "8"},
+    "task": {"name": '"copy-second"', "discovery": "16", "heldout": "16", "seed": "0"},
+    "discovery": {"screen": '"single"', "candidates": "4", "max_heads": "2", "early_stop": "false"},
+    "validation": {"bootstrap": "200"},
+    "export": {"out": '"exports/bad-input"'},
+}
+
+
+def recipe(set: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()) -> str:
+    """BASE_RECIPE with `section.key` literals set/added and `section.key` (or `[section]`) dropped."""
+    doc = {section: dict(keys) for section, keys in BASE_RECIPE.items()}
+    for dotted, literal in (set or {}).items():
+        section, _, key = dotted.rpartition(".")
+        doc.setdefault(section, {})[key] = literal
+    for dotted in drop:
+        if dotted.startswith("["):
+            doc.pop(dotted.strip("[]"))
+        else:
+            section, _, key = dotted.rpartition(".")
+            doc[section].pop(key)
+    lines = [f"{k} = {v}" for k, v in doc.pop("", {}).items()]
+    for section, keys in doc.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{k} = {v}" for k, v in keys.items())
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Shared:
+    """Inputs every case may read (and must leave untouched)."""
+
+    model: Path  # tiny Llama, safetensors + tokenizer
+    export: Path  # a baked export with card and validation (pushable)
+    run: Path  # a finished-looking run folder (recipe, run.json, journal, selection)
+    user: str
+    token: str
+    read_token: str
+    other_user: str
+    dead_endpoint: str
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]  # placeholders: {case} {model} {export} {run} {user} {other}
+    expect: str  # must appear in the error line (names the problem)
+    files: Mapping[str, str | bytes] = field(default_factory=dict)  # written under {case} first ({model} expanded)
+    setup: Callable[[Path, Shared], None] | None = None
+    env: Mapping[str, str | None] = field(default_factory=dict)  # None removes the variable
+    repo: str | None = None  # a hub repo that must not exist afterwards
+
+
+def discover(text: str, expect: str, id: str, **kw) -> Case:
+    return Case(id, ("discover", "{case}/r.toml", "--out", "{case}/run"), expect, files={"r.toml": text}, **kw)
+
+
+# ---- setups that build bad model folders / runs / exports from the shared good ones --------------
+def copy_model(case: Path, shared: Shared, name: str = "m") -> Path:
+    return Path(shutil.copytree(shared.model, case / name))
+
+
+def edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def model_without_config(case: Path, shared: Shared) -> None:
+    (copy_model(case, shared) / "config.json").unlink()
+
+
+def model_bad_config_json(case: Path, shared: Shared) -> None:
+    (copy_model(case, shared) / "config.json").write_text('{"model_type": "llama", ')
+
+
+def model_truncated(case: Path, shared: Shared) -> None:
+    weights = copy_model(case, shared) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def model_garbage_header(case: Path, shared: Shared) -> None:
+    (copy_model(case, shared) / "model.safetensors").write_bytes(b"\xff" * 64)
+
+
+def model_pickle_only(case: Path, shared: Shared) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    folder = copy_model(case, shared)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def model_no_o_proj(case: Path, shared: Shared) -> None:
+    """A real GPT-2 checkpoint: fused c_attn/c_proj, no per-layer self_attn.o_proj."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=32, vocab_size=64)
+    GPT2LMHeadModel(config).save_pretrained(case / "m")
+
+
+def model_remote_code(case: Path, shared: Shared) -> None:
+    folder = copy_model(case, shared)
+    edit_config(folder, auto_map={"AutoModelForCausalLM": "evil.EvilModel"})
+    (folder / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+
+
+def model_absurd(case: Path, shared: Shared) -> None:
+    edit_config(copy_model(case, shared), num_attention_heads=10**9, num_key_value_heads=10**9)
+
+
+def model_mismatched(case: Path, shared: Shared) -> None:
+    edit_config(copy_model(case, shared), head_dim=4)  # weights were written for head_dim 8
+
+
+def model_empty(case: Path, shared: Shared) -> None:
+    (case / "m").mkdir()
+
+
+def out_exists(case: Path, shared: Shared) -> None:
+    (case / "out").mkdir()
+    (case / "out" / "keep.txt").write_text("mine\n")
+
+
+def copy_run(case: Path, shared: Shared) -> Path:
+    return Path(shutil.copytree(shared.run, case / "run"))
+
+
+def run_newer(case: Path, shared: Shared) -> None:
+    run = copy_run(case, shared)
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "format": 99}))
+
+
+def run_garbage_journal(case: Path, shared: Shared) -> None:
+    (copy_run(case, shared) / "journal.sqlite").write_bytes(b"this is not a database\n" * 200)
+
+
+def run_truncated_journal(case: Path, shared: Shared) -> None:
+    journal = copy_run(case, shared) / "journal.sqlite"
+    journal.write_bytes(journal.read_bytes()[:3000])
+
+
+def run_corrupt_run_json(case: Path, shared: Shared) -> None:
+    (copy_run(case, shared) / "run.json").write_text('{"format": 1, "name": ')
+
+
+def run_no_selection(case: Path, shared: Shared) -> None:
+    (copy_run(case, shared) / "selection.json").unlink()
+
+
+def run_unvalidated(case: Path, shared: Shared) -> None:
+    (copy_run(case, shared) / "validation.json").unlink()
+
+
+def not_a_run(case: Path, shared: Shared) -> None:
+    (case / "run").mkdir()
+    (case / "run" / "notes.txt").write_text("just a folder\n")
+
+
+def copy_export(case: Path, shared: Shared) -> Path:
+    return Path(shutil.copytree(shared.export, case / "export"))
+
+
+def export_tampered(case: Path, shared: Shared) -> None:
+    weights = copy_export(case, shared) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+
+
+def export_missing_file(case: Path, shared: Shared) -> None:
+    (copy_export(case, shared) / "tokenizer.json").unlink()
+
+
+def export_extra_weights(case: Path, shared: Shared) -> None:
+    export = copy_export(case, shared)
+    shutil.copy2(export / "model.safetensors", export / "model-extra.safetensors")
+
+
+def export_no_manifest(case: Path, shared: Shared) -> None:
+    (copy_export(case, shared) / "headedit.json").unlink()
+
+
+def export_corrupt_manifest(case: Path, shared: Shared) -> None:
+    (copy_export(case, shared) / "headedit.json").write_text("{not json")
+
+
+def export_failed_validation(case: Path, shared: Shared) -> None:
+    from headedit.bake import write_manifest
+
+    export = copy_export(case, shared)
+    validation = json.loads((export / "validation.json").read_text())
+    (export / "validation.json").write_text(json.dumps({**validation, "passed": False}))
+    manifest = json.loads((export / "headedit.json").read_text())
+    write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})  # consistent, so only `passed` refuses
+
+
+BAKE = ("bake", "{case}/m", "--heads", "0.1", "--out", "{case}/out")
+PUSH = ("push", "{export}", "--repo", "{user}/corpus")
+
+
+def cases() -> list[Case]:
+    c: list[Case] = []
+    # ---- recipes -------------------------------------------------------------------------------
+    c += [
+        discover('name = "x\n[model]\n', "not valid TOML", "toml-unterminated-string"),
+        discover(recipe() + '[model]\nid = "again"\n', "not valid TOML", "toml-duplicate-table"),
+        discover(recipe(drop=("name",)), "name is missing", "missing-name"),
+        discover(recipe(drop=("[model]",)), "[model] is missing", "missing-model-table"),
+        discover(recipe(drop=("model.id",)), "model.id is missing", "missing-model-id"),
+        discover(recipe(drop=("task.name",)), "task.name is missing", "missing-task-name"),
+        discover(recipe({"model.id": "42"}), "model.id must be", "model-id-mistyped"),
+        discover(recipe({"model.dtype": '"float8"'}), "model.dtype must be", "dtype-unknown"),
+        discover(recipe({"model.trust_remote_code": '"yes"'}), "model.trust_remote_code must be", "trust-mistyped"),
+        discover(recipe({"model.batch_size": "0"}), "model.batch_size must be", "batch-size-zero"),
+        discover(recipe({"model.chat_template_kwargs": "{ enable_thinking = false }"}),
+                 "model.chat_template_kwargs has no effect", "chat-kwargs-without-chat"),
+        discover(recipe({"task.discovery": "0"}), "task.discovery must be", "discovery-size-zero"),
+        discover(recipe({"task.discovery": '"many"'}), "task.discovery must be", "discovery-size-mistyped"),
+        discover(recipe({"task.heldout": "-5"}), "task.heldout must be", "heldout-negative"),
+        discover(recipe({"discovery.screen": '"psychic"'}), "discovery.screen must be", "screen-unknown"),
+        discover(recipe({"discovery.max_heads": "9"}), "discovery.max_heads", "max-heads-over-candidates"),
+        discover(recipe({"discovery.early_stop_alpha": "1.0"}), "early_stop_alpha must be", "alpha-out-of-range"),
+        discover(recipe({"discovery.compressed_fraction": "nan"}), "compressed_fraction must be", "fraction-nan"),
+        discover(recipe({"validation.alpha": "0.9"}), "validation.alpha must be", "validation-alpha-range"),
+        discover(recipe({"validation.side_tasks": '["no-such-task"]'}), "unknown task", "side-task-unknown"),
+        discover(recipe({"export.repo_id": '"no-slash"'}), "export.repo_id must be", "repo-id-malformed"),
+        discover(recipe({"colour": '"blue"'}), "colour is not a recipe field", "unknown-top-level-key"),
+        discover(recipe({"discovery.turbo": "true"}), "discovery.turbo is not a recipe field", "unknown-section-key"),
+        discover(recipe({"model": '"x"'}, drop=("[model]",)), "model must be a table", "section-not-a-table"),
+        discover(recipe({"task.name": '"no-such-task"'}), "unknown task 'no-such-task'", "task-unknown"),
+        Case("recipe-not-found", ("discover", "{case}/nope.toml", "--out", "{case}/run"), "not found"),
+        Case("recipe-not-utf8", ("discover", "{case}/r.toml", "--out", "{case}/run"), "not UTF-8",
+             files={"r.toml": b'name = "\xff\xfe"\n'}),
+        # sizes the task's data cannot give (copy-second has 1000 discovery and 2000 held-out pairs)
+        discover(recipe({"task.discovery": "1001"}), "1001", "discovery-larger-than-data"),
+        discover(recipe({"task.heldout": "5000"}), "5000", "heldout-larger-than-data"),
+    ]
+    # ---- models (through bake, and through discover where a run folder could be left behind) ---
+    c += [
+        Case("model-path-missing", BAKE, "not found"),
+        Case("model-path-empty", BAKE, "no config.json", setup=model_empty),
+        Case("model-path-is-file", BAKE, "is a file", files={"m": "not a folder\n"}),
+        Case("model-no-config", BAKE, "no config.json", setup=model_without_config),
+        Case("model-config-not-json", BAKE, "config.json is not valid JSON", setup=model_bad_config_json),
+        Case("model-truncated-safetensors", BAKE, "not a valid safetensors", setup=model_truncated),
+        Case("model-pickle-only", BAKE, "pickle", setup=model_pickle_only),
+        Case("model-no-o-proj", BAKE, "unsupported architecture", setup=model_no_o_proj),
+        Case("model-absurd-heads", BAKE, "outside 1..1024", setup=model_absurd),
+        Case("model-mismatched-shapes", BAKE, "o_proj.weight has shape", setup=model_mismatched),
+        Case("model-hub-id-unreachable", ("bake", "nobody/nothing", "--heads", "0.1", "--out", "{case}/out"),
+             "could not be fetched", env={"HF_ENDPOINT": "{dead}"}),
+        Case("heads-malformed", ("bake", "{model}", "--heads", "0.x", "--out", "{case}/out"), "0.x"),
+        Case("heads-layer-outside", ("bake", "{model}", "--heads", "7.0", "--out", "{case}/out"), "7"),
+        Case("heads-head-outside", ("bake", "{model}", "--heads", "0.9", "--out", "{case}/out"), "0.9"),
+        Case("bake-out-exists", ("bake", "{model}", "--heads", "0.1", "--out", "{case}/out"), "already exists",
+             setup=out_exists),
+        Case("bake-out-inside-source", ("bake", "{case}/m", "--heads", "0.1", "--out", "{case}/m/edited"),
+             "overlaps the source", setup=lambda case, shared: copy_model(case, shared) and None),
+        discover(recipe({"model.id": '"{case}/nope"'}), "not found", "discover-model-missing"),
+        discover(recipe({"model.id": '"{case}/m"'}), "no config.json", "discover-model-no-config",
+                 setup=model_without_config),
+        discover(recipe({"model.id": '"{case}/m"'}), "pickle", "discover-model-pickle-only", setup=model_pickle_only),
+        discover(recipe({"model.id": '"{case}/m"'}), "remote code", "discover-model-remote-code",
+                 setup=model_remote_code),
+    ]
+    # ---- run folders ---------------------------------------------------------------------------
+    resume = ("discover", "--resume", "{case}/run")
+    c += [
+        Case("resume-missing-folder", resume, "does not exist"),
+        Case("resume-not-a-run", resume, "not a headedit run folder", setup=not_a_run),
+        Case("resume-newer-version", resume, "newer than this headedit", setup=run_newer),
+        Case("resume-garbage-journal", resume, "journal", setup=run_garbage_journal),
+        Case("resume-truncated-journal", resume, "journal", setup=run_truncated_journal),
+        Case("resume-corrupt-run-json", resume, "run.json", setup=run_corrupt_run_json),
+        Case("validate-not-a-run", ("validate", "{case}/run"), "not a headedit run folder", setup=not_a_run),
+        Case("validate-newer-version", ("validate", "{case}/run"), "newer than this headedit", setup=run_newer),
+        Case("validate-garbage-journal", ("validate", "{case}/run"), "journal", setup=run_garbage_journal),
+        Case("export-not-a-run", ("export", "{case}/run", "--out", "{case}/out"), "not a headedit run folder",
+             setup=not_a_run),
+        Case("export-newer-version", ("export", "{case}/run", "--out", "{case}/out"), "newer than this headedit",
+             setup=run_newer),
+        Case("export-no-selection", ("export", "{case}/run", "--out", "{case}/out"), "selection",
+             setup=run_no_selection),
+    ]
+    # ---- exports and the Hub -------------------------------------------------------------------
+    push_case = ("push", "{case}/export", "--repo", "{user}/corpus")
+    c += [
+        Case("push-export-tampered", push_case, "no longer matches", setup=export_tampered),
+        Case("push-export-file-missing", push_case, "tokenizer.json", setup=export_missing_file),
+        Case("push-export-extra-weights", push_case, "model-extra.safetensors", setup=export_extra_weights),
+        Case("push-export-no-manifest", push_case, "headedit.json", setup=export_no_manifest),
+        Case("push-export-missing", ("push", "{case}/nope", "--repo", "{user}/corpus"), "not found"),
+        Case("push-validation-failed", push_case, "validation did not pass", setup=export_failed_validation),
+        Case("push-no-token", PUSH, "no Hugging Face token", env={"HF_TOKEN": None}, repo="{user}/corpus"),
+        Case("push-bad-token", PUSH, "rejected the token", env={"HF_TOKEN": "hf_bogusBOGUSbogus1234567890"},
+             repo="{user}/corpus"),
+        Case("push-read-only-token", PUSH, "read-only", env={"HF_TOKEN": "{read_token}"}, repo="{user}/corpus"),
+        Case("push-other-users-namespace", ("push", "{export}", "--repo", "{other}/theirs"), "cannot write to namespace",
+             repo="{other}/theirs"),
+        Case("push-unreachable-endpoint", PUSH, "cannot reach the Hub", env={"HF_ENDPOINT": "{dead}"},
+             repo="{user}/corpus"),
+        Case("push-repo-id-malformed", ("push", "{export}", "--repo", "../escape"), "invalid repo id"),
+        Case("export-push-unvalidated", ("export", "{case}/run", "--out", "{case}/out", "--push", "{user}/via-export"),
+             "no validation.json", setup=run_unvalidated, repo="{user}/via-export"),
+        Case("export-push-bad-token", ("export", "{run}", "--out", "{case}/out", "--push", "{user}/via-export"),
+             "rejected the token", env={"HF_TOKEN": "hf_bogusBOGUSbogus1234567890"}, repo="{user}/via-export"),
+    ]
+    return c
+
+
+# ---- machinery -------------------------------------------------------------------------------------
+def snapshot(root: Path, with_mtime: bool = False) -> dict[str, tuple]:
+    """Every file and folder under `root`: folders by name, files by sha256 (and mtime when asked)."""
+    out: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = ("dir",)
+        else:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[rel] = ("file", digest, path.stat().st_mtime_ns) if with_mtime else ("file", digest)
+    return out
+
+
+def diff(before: dict, after: dict) -> list[str]:
+    changes = [f"+{k}" for k in after.keys() - before.keys()] + [f"-{k}" for k in before.keys() - after.keys()]
+    changes += [f"~{k}" for k in before.keys() & after.keys() if before[k] != after[k]]
+    return sorted(changes)
+
+
+def fill(text: str, values: Mapping[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def make_run(folder: Path, model: Path, builders_run: Path) -> Path:
+    """A run folder as `headedit discover` leaves it: recipe, run.json, a real journal, screen and selection."""
+    import numpy as np
+
+    from headedit.runs import Journal, Run
+
+    text = fill(recipe(), {"model": str(model)})
+    run = Run.create(folder, text, {"headedit_version": "0.1.0", "name": "bad-input",
+                                    "model": {"id": str(model), "revision": None, "sha256": {}}})
+    with Journal(run.file("journal.sqlite")) as journal:
+        rng = np.random.default_rng(0)
+        for heads in ("", "0.1", "1.2", "0.1,1.2"):
+            journal.put("discovery", heads, rng.random(16) > 0.5, "screen", 16)
+    run.write("selection.json", {"heads": "0.1,1.2", "discovery_acc": 0.6, "intact_acc": 0.5, "gain_points": 10.0})
+    validation = json.loads((builders_run / "validation.json").read_text())
+    run.write("validation.json", {**validation, "n": 16, "passed": True})
+    (folder / "lock").touch()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shared_inputs(tmp_path_factory) -> tuple[Path, Path, Path]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hub.builders import make_export
+
+    root = tmp_path_factory.mktemp("corpus-shared")
+    source, fake_run, export = make_export(root)
+    return source, export, make_run(root / "good-run", source, fake_run)
+
+
+def _run_case(case: Case, case_dir: Path, shared: Shared, base_env: dict[str, str]) -> subprocess.CompletedProcess:
+    values = {"case": str(case_dir), "model": str(shared.model), "export": str(shared.export), "run": str(shared.run),
+              "user": shared.user, "other": shared.other_user, "read_token": shared.read_token,
+              "dead": shared.dead_endpoint}
+    env = dict(base_env)
+    for key, value in case.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = fill(value, values)
+    argv = [fill(a, values) for a in case.argv]
+    return subprocess.run([sys.executable, "-m", "headedit", *argv], cwd=case_dir, env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_bad_input_corpus(tmp_path, shared_inputs, hub_server, hub_user, hub_env):
+    source, export, run = shared_inputs
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    other = hub_user.name + "-other"
+    hub_server.add_user(other)
+    shared = Shared(source, export, run, hub_user.name, hub_user.token, hub_user.read_token, other, dead)
+    table = cases()
+    assert len(table) >= 40 and len({c.id for c in table}) == len(table)
+    base_env = {**hub_env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    only = os.environ.get("CORPUS_ONLY")  # developer aid: CORPUS_ONLY=id1,id2
+
+    dirs: dict[str, Path] = {}
+    for case in table:
+        if only and case.id not in only.split(","):
+            continue
+        case_dir = tmp_path / "cases" / case.id
+        case_dir.mkdir(parents=True)
+        values = {"model": str(source), "case": str(case_dir)}
+        for name, content in case.files.items():
+            target = case_dir / name
+            if isinstance(content, bytes):
+                target.write_bytes(content)
+            else:
+                target.write_text(fill(content, values))
+        if case.setup:
+            case.setup(case_dir, shared)
+        dirs[case.id] = case_dir
+
+    sources = {p: snapshot(p, with_mtime=True) for p in (source, export, run)}
+    before_tree = snapshot(tmp_path)
+    repos_before = set(hub_server.state.repos)
+    selected = [c for c in table if c.id in dirs]
+    with ThreadPoolExecutor(WORKERS) as pool:
+        results = dict(zip((c.id for c in selected),
+                           pool.map(lambda c: _run_case(c, dirs[c.id], shared, base_env), selected)))
+
+    after_tree = snapshot(tmp_path)
+    problems: list[str] = []
+    for case in selected:
+        res = results[case.id]
+        lines = res.stderr.splitlines()
+        prefix = f"tmp/cases/{case.id}/"
+        changed = [d for d in diff({k: v for k, v in before_tree.items() if k.startswith(f"cases/{case.id}")},
+                                   {k: v for k, v in after_tree.items() if k.startswith(f"cases/{case.id}")})]
+        why = []
+        if res.returncode != 2:
+            why.append(f"exit {res.returncode}")
+        if len(lines) != 1:
+            why.append(f"{len(lines)} stderr lines")
+        if "Traceback" in res.stderr + res.stdout:
+            why.append("traceback")
+        line = lines[0] if lines else ""
+        if not line.startswith("headedit: error: ") or len(line) > MAX_STDERR_LINE:
+            why.append("not a `headedit: error:` line of readable length")
+        if not line.rstrip().endswith(")") or "(" not in line:
+            why.append("no hint in parentheses (how to fix it)")
+        if fill(case.expect, {"user": shared.user}) not in line:
+            why.append(f"does not name the problem ({case.expect!r})")
+        if changed:
+            why.append(f"disk changed: {changed[:6]}".replace(prefix, ""))
+        if case.repo and fill(case.repo, {"user": shared.user, "other": other}) in hub_server.state.repos:
+            why.append("a hub repo was created")
+        secrets = (hub_user.token, hub_user.read_token)
+        if any(s in res.stderr + res.stdout for s in secrets):
+            why.append("token echoed")
+        if why:
+            problems.append(f"{case.id}: {'; '.join(why)}\n    stderr: {res.stderr.strip()[-600:]!r}")
+
+    mine = ("cases/", "hf_home")  # per-case folders are checked above; hf_home is the client's cache
+    outside = diff({k: v for k, v in before_tree.items() if not k.startswith(mine)},
+                   {k: v for k, v in after_tree.items() if not k.startswith(mine)})
+    untouched = {str(p): diff(snap, snapshot(p, with_mtime=True)) for p, snap in sources.items()}
+    assert not problems, f"{len(problems)} of {len(selected)} cases failed:\n" + "\n".join(problems)
+    assert outside == [], outside
+    assert all(not d for d in untouched.values()), untouched
+    assert set(hub_server.state.repos) == repos_before

@@ -1,0 +1,389 @@
+"""kill -9 at seeded random moments during discover, bake and push; then the same command again.
+
+Each scenario compares against an uninterrupted run of the same command:
+- discover: every kill is followed by `discover --resume RUN`; the journal never holds a wrong, duplicated or lost
+  evaluation (its rows are prefixes of the uninterrupted run's, its work counter equals the rows it holds), and
+  the final journal and selection equal the uninterrupted run's.
+- bake: a poller watches the target folder the whole time: it is absent or a complete export (verify_export
+  passes, bytes equal to the uninterrupted bake); never half-written.
+- push: after each kill the local Hub holds either the commit (every file, every byte) or no new commit.
+- two processes on one run folder: the second refuses with one clear line (the lock); the first is unharmed.
+
+Kill moments come from `random.Random(SEED)` (override with HEADEDIT_FAULT_SEED) and are spread over the
+runs' progress: journal work for discover, elapsed time and the temp-folder phase for bake, the requests the
+Hub has answered for push.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import discovery_fixtures as F  # noqa: E402  (registers coin-test in this process)
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+SEED = int(os.environ.get("HEADEDIT_FAULT_SEED", "9091"))
+# The CLI with the coin-test task registered (it lives in tests/, not in the package).
+WRAPPER = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import discovery_fixtures; "
+           "from headedit.cli import main; sys.exit(main())")
+DISCOVERY_N = 256
+
+
+def rng_for(name: str) -> random.Random:
+    return random.Random(f"{SEED}:{name}")
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update(extra or {})
+    return env
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class Outcome:
+    def __init__(self, killed: bool, returncode: int, stdout: str, stderr: str, seconds: float) -> None:
+        self.killed, self.returncode, self.stdout, self.stderr, self.seconds = killed, returncode, stdout, stderr, seconds
+
+
+def run_and_kill(cmd: list[str], env: dict[str, str], trigger: Callable[[float], bool] | None, delay: float = 0.0,
+                 watch: Callable[[], None] | None = None, cwd: Path = ROOT, timeout: float = 240) -> Outcome:
+    """Start `cmd`; once `trigger(elapsed)` holds, wait `delay` seconds and SIGKILL it (if still running).
+
+    `watch` is called every few milliseconds for the whole life of the process (e.g. to check what is visible
+    at a target path). Output goes to files, so a killed process never blocks on a full pipe.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err)
+        fire_at: float | None = None
+        killed = False
+        try:
+            while proc.poll() is None:
+                now = time.monotonic() - start
+                if now > timeout:
+                    proc.kill()
+                    raise AssertionError(f"{cmd[3:]} ran over {timeout}s")
+                if watch is not None:
+                    watch()
+                if fire_at is None and trigger is not None and trigger(now):
+                    fire_at = now + delay
+                if fire_at is not None and now >= fire_at and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    killed = True
+                    break
+                time.sleep(0.003)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if watch is not None:
+            watch()
+        seconds = time.monotonic() - start
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    return Outcome(killed and proc.returncode == -signal.SIGKILL, proc.returncode, stdout, stderr, seconds)
+
+
+# ---- discover ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return F.save_tiny_model(tmp_path_factory.mktemp("faults-model") / "model")
+
+
+def journal_rows(run: Path) -> dict[tuple[str, str], tuple[int, bytes]]:
+    """The evaluations through runs.py's API: {(split, heads): (n, packed bits)}."""
+    from headedit.runs import Journal
+
+    with Journal(run / "journal.sqlite") as journal:
+        return {(e.split, e.heads): (e.n, e.bits.tobytes()) for e in journal.entries()}
+
+
+def journal_work(run: Path) -> tuple[int, int]:
+    """(examples committed as work by all sessions, examples held by all rows), read without writing."""
+    with sqlite3.connect(f"file:{run / 'journal.sqlite'}?mode=ro", uri=True) as db:
+        work = db.execute("SELECT COALESCE(SUM(examples_evaluated), 0) FROM sessions").fetchone()[0]
+        held = db.execute("SELECT COALESCE(SUM(n), 0) FROM evaluations").fetchone()[0]
+    return int(work), int(held)
+
+
+def committed_work(run: Path) -> int:
+    try:
+        return journal_work(run)[0]
+    except sqlite3.Error:  # not created yet, or mid-checkpoint
+        return 0
+
+
+@pytest.mark.slow
+def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
+    import torch
+
+    from headedit import pipeline
+    from headedit.recipe import parse_recipe
+
+    torch.set_num_threads(1)
+    text = F.recipe_text(model_dir, discovery=DISCOVERY_N, name="faults")
+    reference = pipeline.discover(parse_recipe(text, tmp_path / "r.toml"), tmp_path / "reference")
+    ref_rows = journal_rows(reference)
+    ref_work, _ = journal_work(reference)
+    ref_selection = json.loads((reference / "selection.json").read_text())
+
+    recipe_file, run = tmp_path / "r.toml", tmp_path / "run"
+    recipe_file.write_text(text)
+    rng = rng_for("discover")
+    # Kill moments: fractions of the uninterrupted run's work, plus a short random delay so the kill lands
+    # inside an evaluation, a journal commit or a results write rather than right after a commit.
+    targets = sorted(rng.uniform(0.02, 0.95) * ref_work for _ in range(11))
+    env = base_env()
+    kills = 0
+    log: list[str] = []
+    for i, target in enumerate(targets):
+        delay = rng.uniform(0.0, 0.25)
+        args = ["discover", "--resume", str(run)] if (run / "run.json").is_file() else \
+            ["discover", str(recipe_file), "--out", str(run)]
+        res = run_and_kill([sys.executable, "-c", WRAPPER, *args], env,
+                           lambda _t, target=target: committed_work(run) >= target, delay)
+        log.append(f"#{i} target={target:.0f} delay={delay:.3f}s killed={res.killed} work={committed_work(run)}")
+        if not res.killed:
+            assert res.returncode == 0, (log, res.stderr[-2000:])
+            break
+        kills += 1
+        work, held = journal_work(run)
+        assert work == held, f"journal work {work} != examples held {held}: an evaluation was counted twice ({log})"
+        for key, (n, bits) in journal_rows(run).items():  # every row is a prefix of the uninterrupted run's
+            assert key in ref_rows, (key, log)
+            ref_n, ref_bits = ref_rows[key]
+            assert n <= ref_n, (key, log)
+            import numpy as np
+
+            assert np.array_equal(np.frombuffer(bits, bool), np.frombuffer(ref_bits, bool)[:n]), (key, log)
+
+    final = run_and_kill([sys.executable, "-c", WRAPPER, "discover", "--resume", str(run)], env, None)
+    assert final.returncode == 0, (log, final.stderr[-2000:])
+    assert final.stdout.strip().splitlines()[-1] == f"selected: {ref_selection['heads']}"
+    assert json.loads((run / "selection.json").read_text()) == ref_selection
+    assert journal_rows(run) == ref_rows  # nothing lost, nothing extra, same bits
+    work, held = journal_work(run)
+    assert work == held == ref_work, (work, held, ref_work, log)  # no (set, example) evaluated twice
+    for name in ("screen.json", "search.json"):
+        ours, theirs = json.loads((run / name).read_text()), json.loads((reference / name).read_text())
+        assert {k: v for k, v in ours.items() if k != "evaluations"} == \
+            {k: v for k, v in theirs.items() if k != "evaluations"}, name
+    print(f"seed {SEED}:", *log, sep="\n  ")
+    assert kills >= 9, log
+
+
+@pytest.mark.slow
+def test_second_process_on_a_run_folder_is_refused(tmp_path, model_dir):
+    """Freeze a discover that holds the run's lock (SIGSTOP), start a second one, then let the first finish."""
+    recipe_file, run = tmp_path / "r.toml", tmp_path / "run"
+    recipe_file.write_text(F.recipe_text(model_dir, discovery=64, name="locked"))
+    env = base_env()
+    first = subprocess.Popen([sys.executable, "-c", WRAPPER, "discover", str(recipe_file), "--out", str(run)],
+                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "lock").is_file() and (run / "lock").read_text().strip() == str(first.pid)):
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.stderr else ""
+            time.sleep(0.005)
+        first.send_signal(signal.SIGSTOP)
+        before = tree_digest(run)
+        # discover takes the lock; validate refuses a run whose discovery has not finished (or takes the lock)
+        for args, expect in ((["discover", "--resume", str(run)], f"in use by another headedit process (pid {first.pid})"),
+                             (["validate", str(run)], "")):
+            second = subprocess.run([sys.executable, "-c", WRAPPER, *args], env=env, cwd=ROOT, capture_output=True,
+                                    text=True, timeout=240)
+            lines = second.stderr.strip().splitlines()
+            assert second.returncode == 2 and len(lines) == 1, second.stderr
+            assert lines[0].startswith("headedit: error: ") and expect in lines[0], lines
+        assert tree_digest(run) == before  # the refused processes wrote nothing
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err
+    assert out.strip().splitlines()[-1].startswith("selected: ")
+    assert journal_work(run)[0] == journal_work(run)[1]
+
+
+# ---- bake --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sharded_model(tmp_path_factory) -> Path:
+    """The tiny model re-saved in several shards, so the bake's write phase lasts a while."""
+    from headedit.tiny import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("faults-sharded") / "model"
+    tiny_model(seed=1, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+               hidden_size=64).save_pretrained(folder, max_shard_size="40KB")
+    tiny_tokenizer().save_pretrained(folder)
+    assert len(list(folder.glob("*.safetensors"))) >= 4
+    return folder
+
+
+class ExportWatcher:
+    """Checks, whenever asked, that `target` is absent or a complete export equal to the reference."""
+
+    def __init__(self, target: Path, reference: dict[str, str]) -> None:
+        self.target, self.reference = target, reference
+        self.seen_complete = 0
+        self.problems: list[str] = []
+
+    def __call__(self) -> None:
+        from headedit.bake import verify_export
+        from headedit.errors import ExportError
+
+        try:
+            inode = os.stat(self.target).st_ino
+        except FileNotFoundError:
+            return
+        try:
+            verify_export(self.target)
+            digest = tree_digest(self.target)
+        except (ExportError, OSError) as err:
+            if self._same(inode):  # the folder was not swapped while we read it: it really is partial
+                self.problems.append(f"partial export visible at the target: {err}")
+            return
+        if not self._same(inode):
+            return
+        if digest != self.reference:
+            self.problems.append("export at the target differs from the uninterrupted bake")
+        self.seen_complete += 1
+
+    def _same(self, inode: int) -> bool:
+        try:
+            return os.stat(self.target).st_ino == inode
+        except FileNotFoundError:
+            return False
+
+
+@pytest.mark.slow
+def test_kill_9_during_bake_never_shows_a_partial_export(tmp_path, sharded_model):
+    from headedit.bake import verify_export
+
+    source_before = tree_digest(sharded_model)
+    heads = "0.1,1.2,3.3"
+    env = base_env()
+
+    def cmd(out: Path) -> list[str]:
+        return [sys.executable, "-m", "headedit", "bake", str(sharded_model), "--heads", heads, "--out", str(out),
+                "--force"]
+
+    reference = tmp_path / "reference"
+    first = run_and_kill(cmd(reference), env, None)
+    assert first.returncode == 0, first.stderr
+    ref_digest = tree_digest(reference)
+    duration = first.seconds
+
+    target = tmp_path / "out" / "edited"
+    watcher = ExportWatcher(target, ref_digest)
+    rng = rng_for("bake")
+    kills, log = 0, []
+    for i in range(14):
+        if kills == 7:
+            break
+        if i % 2 == 0:  # a moment anywhere in the command's life (start-up, loading, writing, renaming)
+            delay = rng.uniform(0.1, 1.0) * duration
+            trigger: Callable[[float], bool] = lambda _t: True
+        else:  # a moment inside the write phase: after the hidden temp folder appears
+            delay = rng.uniform(0.0, 0.15)
+            trigger = lambda _t: target.parent.is_dir() and any(
+                p.name.startswith(f".{target.name}.tmp-") for p in target.parent.iterdir())
+        res = run_and_kill(cmd(target), env, trigger, delay, watch=watcher)
+        log.append(f"#{i} delay={delay:.3f}s killed={res.killed} exists={target.exists()}")
+        kills += res.killed
+        if not res.killed:
+            assert res.returncode == 0, (log, res.stderr[-2000:])
+        assert not watcher.problems, (watcher.problems, log)
+        leftovers = [p.name for p in target.parent.iterdir() if p.name != target.name] if target.parent.exists() else []
+        assert all(name.startswith(".") for name in leftovers), leftovers  # only hidden temp folders, never a name
+
+    final = run_and_kill(cmd(target), env, None, watch=watcher)
+    assert final.returncode == 0, final.stderr
+    verify_export(target)
+    assert tree_digest(target) == ref_digest
+    assert not watcher.problems, watcher.problems
+    assert tree_digest(sharded_model) == source_before
+    print(f"seed {SEED}:", *log, sep="\n  ")
+    assert kills == 7, log
+
+
+# ---- push --------------------------------------------------------------------------------------
+def hub_files(hub_server, repo_id: str, sha: str) -> dict[str, bytes]:
+    commit = hub_server.state.repos[repo_id].commits[sha]
+    return {name: hub_server.file_bytes(repo_id, name, sha) for name in commit.files if name != ".gitattributes"}
+
+
+@pytest.mark.slow
+def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, hub_user, hub_env, hub_export):
+    from headedit.hub import upload_paths
+
+    _, _, export = hub_export
+    manifest = json.loads((export / "headedit.json").read_text())
+    expected = {name: (export / name).read_bytes() for name in upload_paths(export, manifest)}
+    env = base_env(hub_env)
+
+    def cmd(repo: str) -> list[str]:
+        return [sys.executable, "-m", "headedit", "push", str(export), "--repo", repo]
+
+    ref_repo = f"{hub_user.name}/reference"
+    start = len(hub_server.state.requests)
+    res = run_and_kill(cmd(ref_repo), env, None)
+    assert res.returncode == 0, res.stderr
+    ref_requests = len(hub_server.state.requests) - start
+    assert ref_requests >= 4
+
+    repo = f"{hub_user.name}/killed"
+
+    def complete_commits() -> list[str]:
+        state = hub_server.state.repos.get(repo)
+        if state is None:
+            return []
+        shas = [sha for sha, c in state.commits.items() if set(c.files) - {".gitattributes"}]
+        for sha in shas:  # any commit with files must be a whole push: every file, every byte
+            assert hub_files(hub_server, repo, sha) == expected, f"commit {sha} is partial"
+        return shas
+
+    rng = rng_for("push")
+    kills, log = 0, []
+    for i in range(14):
+        if kills == 6:
+            break
+        nth = rng.randrange(0, ref_requests - 1)  # kill after the Hub has answered this many of our requests
+        delay = rng.uniform(0.0, 0.05)
+        before = complete_commits()
+        mark = len(hub_server.state.requests)
+        res = run_and_kill(cmd(repo), env, lambda _t: len(hub_server.state.requests) - mark >= nth, delay)
+        after = complete_commits()
+        log.append(f"#{i} after {nth} requests + {delay:.3f}s: killed={res.killed} commits {len(before)}->{len(after)}")
+        kills += res.killed
+        if not res.killed:
+            assert res.returncode == 0, (log, res.stderr[-2000:])
+        assert len(after) - len(before) in (0, 1), log  # the commit, or nothing
+        state = hub_server.state.repos.get(repo)
+        if after:
+            assert state.resolve("main").sha in after, log  # main points at a complete commit
+
+    final = run_and_kill(cmd(repo), env, None)
+    assert final.returncode == 0, final.stderr
+    head = hub_server.state.repos[repo].resolve("main")
+    assert hub_files(hub_server, repo, head.sha) == expected
+    assert hub_files(hub_server, ref_repo, hub_server.state.repos[ref_repo].resolve("main").sha) == expected
+    assert hub_user.token not in final.stdout + final.stderr
+    print(f"seed {SEED}:", *log, sep="\n  ")
+    assert kills == 6, log
