@@ -109,3 +109,51 @@ def test_fixed_sizes(engine_and_data) -> None:
     assert resolve_batch(engine, 5, task, examples)["batch_size"] == 5 == engine.batch_size
     cpu = resolve_batch(engine, "auto", task, examples)  # CPU: no probing, a fixed default
     assert cpu == {"batch_size": CPU_BATCH, "source": "default on cpu"} and engine.batch_size == CPU_BATCH
+
+
+# ---- the GPU benchmark, smoke-tested on CPU ---------------------------------------------------------
+def test_flop_counter_matches_torch_flop_counter() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from headedit.bench_gpu import FlopCounter, build_model
+    from headedit.heads import HeadLayout
+
+    model, _ = build_model(None, "cpu", torch.float32, tiny=True)
+    model.set_attn_implementation("eager")  # torch counts eager attention's matmuls; sdpa's CPU kernel it does not
+    counter = FlopCounter(model, HeadLayout.from_model(model))
+    ids = torch.randint(3, 300, (3, 40))  # [batch, pos]
+    with FlopCounterMode(display=False) as reference:
+        model(input_ids=ids)
+    counter.close()
+    assert counter.flops == reference.get_total_flops() > 0
+
+
+def test_bench_gpu_tiny_runs_on_cpu(capsys) -> None:
+    from headedit.cli import main
+
+    code = main(["bench", "gpu", "--tiny", "--n", "16", "--naive-n", "4", "--naive-sets", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.strip().splitlines()
+    assert "9 sets (intact + every head alone)" in out and "TFLOP/s executed" in out
+    assert lines[-1].startswith("fast/naive: ") and lines[-1].endswith("identical: yes")
+    assert main(["bench", "gpu", "--tiny", "--n", "4", "--naive-n", "8"]) == 2  # bad input: one line, exit 2
+
+
+def test_bench_gpu_builds_smollm3_at_full_shapes_on_meta() -> None:
+    """The non-tiny path: the real SmolLM3-3B config, full depth, on the meta device (shapes, no memory)."""
+    import os
+
+    from headedit.bench_gpu import DEFAULT_CONFIG, build_model
+    from headedit.heads import HeadLayout
+
+    if "HEADEDIT_DATA_DIR" not in os.environ:
+        pytest.skip("HEADEDIT_DATA_DIR not set")
+    config = Path(os.environ["HEADEDIT_DATA_DIR"]).parent / "tokenizers" / DEFAULT_CONFIG
+    model, label = build_model(config, "meta", torch.bfloat16, tiny=False)
+    layout = HeadLayout.from_model(model)
+    assert (layout.num_layers, layout.num_heads, layout.num_kv_heads, layout.head_dim) == (36, 16, 4, 128)
+    assert model.config._attn_implementation == "sdpa" and model.dtype == torch.bfloat16
+    params = sum(p.numel() for p in model.parameters())
+    assert 3.0e9 < params < 3.2e9  # SmolLM3-3B: 3.08B parameters, vocabulary 128,256
+    assert "36 layers" in label

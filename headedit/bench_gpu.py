@@ -1,0 +1,200 @@
+"""`headedit bench gpu`: the single-head screen at a real model's shapes on CUDA, fast engine vs naive loop.
+
+A random-weight model built from a real config.json (SmolLM3-3B by default: full depth, real hidden size,
+heads, KV heads and vocabulary; no weights are downloaded) in bfloat16 with SDPA attention is loaded straight
+onto the GPU. Workload: the arithmetic task (the smollm3-arithmetic recipe's chat format), every head ablated
+alone plus intact, on `--n` examples, through the fast engine (set packing, prefix reuse, batch size found by
+`headedit.autobatch`). The naive path (one unbatched `generate` per example per set: `bench_eval`) runs on a
+few of the same sets and examples; per (set, example) the two times give the fast/naive ratio, and the bits
+of those sets must be identical. Executed FLOPs are counted by hooks on every decoder layer and the LM head
+(real rows x positions, padding included), so TFLOP/s is what the GPU did, not a model.
+Random weights make the accuracies meaningless: this measures speed only. The tokenizer is the offline
+byte-level `tiny_tokenizer` (longer sequences than the real one, ids valid for the real vocabulary).
+`--tiny` runs the same code on a 2-layer toy on CPU in seconds (the test suite's smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import HeadeditError
+from .heads import Head, HeadLayout
+
+DEFAULT_CONFIG = "SmolLM3-3B/config.json"  # under $HEADEDIT_DATA_DIR/../tokenizers
+
+
+class FlopCounter:
+    """Counts executed matmul + attention FLOPs from the shapes that reach each decoder layer and the LM head."""
+
+    def __init__(self, model: Any, layout: HeadLayout) -> None:
+        from .engine_prefix import decoder_parts
+
+        _, layers, head = decoder_parts(model)
+        self.flops = 0.0
+        self._handles = []
+        attn = 4 * layout.num_heads * layout.head_dim  # QK^T and AV, 2 FLOPs per multiply-add: x positions^2
+        for layer in layers:
+            params = sum(p.numel() for n, p in layer.named_parameters() if p.dim() == 2)
+
+            def hook(module: Any, args: tuple, kwargs: dict, params: int = params) -> None:
+                x = args[0] if args else kwargs["hidden_states"]  # [batch, pos, hidden]
+                b, s = int(x.shape[0]), int(x.shape[1])
+                self.flops += 2.0 * params * b * s + attn * b * s * s
+
+            self._handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+        out_params = head.weight.numel()
+
+        def head_hook(module: Any, args: tuple) -> None:
+            self.flops += 2.0 * out_params * args[0].numel() / args[0].shape[-1]  # rows x hidden x vocab
+
+        self._handles.append(head.register_forward_pre_hook(head_hook))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def build_model(config_file: Path | None, device: str, dtype: torch.dtype, tiny: bool) -> tuple[Any, str]:
+    """Random weights at the config's shapes, initialised directly on `device` (no host copy of 3B weights)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from .tiny import tiny_config, tiny_tokenizer
+
+    vocab = len(tiny_tokenizer())
+    if tiny:
+        config = tiny_config("smollm3", vocab_size=vocab, num_hidden_layers=2, hidden_size=64,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
+        label = "tiny smollm3-style toy (2 layers x 4 heads, hidden 64)"
+    else:
+        if config_file is None or not config_file.is_file():
+            raise HeadeditError(f"no model config at {config_file}",
+                                "pass --config PATH/config.json or set HEADEDIT_DATA_DIR (its ../tokenizers is used)")
+        real = json.loads(config_file.read_text())
+        params = {k: v for k, v in real.items() if k not in ("architectures", "transformers_version", "torch_dtype")}
+        params.update(bos_token_id=0, eos_token_id=1, pad_token_id=2, use_cache=True)  # tiny tokenizer's ids
+        config = CONFIG_MAPPING[real["model_type"]](**params)
+        label = f"random {real['model_type']} at {config_file.parent.name} shapes ({real['num_hidden_layers']} layers)"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model.eval()
+    model.generation_config.pad_token_id = 2
+    model.generation_config.eos_token_id = 1
+    return model, label
+
+
+def run_bench(model: Any, n: int = 128, naive_sets: int = 3, naive_n: int = 16, batch_size: int | str = "auto",
+              reporter: Any = None) -> dict[str, Any]:
+    from .autobatch import resolve_batch
+    from .bench_eval import reference_correctness
+    from .engine import Engine
+    from .events import null_reporter
+    from .tasks import get_task
+    from .tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    layout = HeadLayout.from_model(model)
+    task = get_task("arithmetic")
+    examples = list(task.load("discovery", n, 0, None).examples)
+    chat = {"enable_thinking": False}
+    sets: list[tuple[Head, ...]] = [()] + [(h,) for h in layout.all_heads()]
+    engine = Engine(model, tokenizer, layout, batch_size=16, max_rows=16 * 8, chat_template_kwargs=chat, chat=True)
+    cuda = engine.device.type == "cuda"
+    batch = resolve_batch(engine, batch_size, task, examples, None, reporter or null_reporter)
+    tokens = [len(engine.plan(task, ex)[0].tokens) for ex in examples]
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(engine.device)
+
+    counter = FlopCounter(model, layout)
+    try:
+        engine.clear_caches()
+        sync()
+        start = time.perf_counter()
+        fast = engine.correctness(task, examples, sets)  # [sets, examples]
+        sync()
+        t_fast = time.perf_counter() - start
+        fast_flops = counter.flops
+        chosen = [0] + [1 + (i * (len(sets) - 2)) // max(1, naive_sets - 1) for i in range(max(0, naive_sets - 1))]
+        chosen = sorted(set(min(c, len(sets) - 1) for c in chosen))
+        sub = examples[:naive_n]
+        sync()
+        start = time.perf_counter()
+        naive = np.stack([reference_correctness(model, tokenizer, layout, task, sub, sets[c], True, chat)
+                          for c in chosen])
+        sync()
+        t_naive = time.perf_counter() - start
+    finally:
+        counter.close()
+    fast_per = t_fast / (len(sets) * len(examples))
+    naive_per = t_naive / (len(chosen) * len(sub))
+    return {
+        "heads": layout.total_heads, "layers": layout.num_layers, "n": len(examples), "sets": len(sets),
+        "tokens_mean": float(np.mean(tokens)), "tokens_max": int(max(tokens)), "batch": batch,
+        "fast_s": t_fast, "set_examples_per_s": len(sets) * len(examples) / t_fast,
+        "examples_per_s": len(examples) / t_fast * 1.0, "fast_tflops": fast_flops / t_fast / 1e12,
+        "fast_flops": fast_flops, "naive_s": t_naive, "naive_set_examples": len(chosen) * len(sub),
+        "ratio": naive_per / fast_per, "identical": bool(np.array_equal(naive, fast[chosen][:, : len(sub)])),
+        "forwards": engine.forwards, "device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", ""),
+        "gpu": torch.cuda.get_device_name(engine.device) if cuda else "cpu",
+        "peak_mem_gib": torch.cuda.max_memory_allocated(engine.device) / 2**30 if cuda else 0.0,
+    }
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Registers `headedit bench gpu` (found by `headedit.commands.bench`)."""
+    p = sub.add_parser("gpu", help="single screen at SmolLM3-3B shapes on CUDA: examples/s, TFLOP/s, fast/naive ratio")
+    p.add_argument("--config", default=None, help=f"real config.json (default $HEADEDIT_DATA_DIR/../tokenizers/{DEFAULT_CONFIG})")
+    p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--n", type=int, default=128, help="arithmetic examples screened (default 128)")
+    p.add_argument("--naive-sets", type=int, default=3, help="sets the naive loop times (default 3, intact first)")
+    p.add_argument("--naive-n", type=int, default=16, help="examples the naive loop times (default 16)")
+    p.add_argument("--batch-size", default="auto", help='"auto" (probe on CUDA) or an integer')
+    p.add_argument("--tiny", action="store_true", help="a 2-layer toy on CPU in float32: smoke test of this bench")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(bench_func=_cli)
+
+
+def _cli(args: argparse.Namespace, console: Any) -> int:
+    if args.n < 1 or args.naive_sets < 1 or args.naive_n < 1 or args.naive_n > args.n:
+        raise HeadeditError("--n, --naive-sets and --naive-n must be at least 1, --naive-n at most --n", "e.g. --n 128")
+    batch: int | str = args.batch_size
+    if batch != "auto":
+        if not str(batch).isdigit() or int(batch) < 1:
+            raise HeadeditError(f"--batch-size must be auto or a positive integer, got {batch!r}", "e.g. --batch-size 64")
+        batch = int(batch)
+    device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise HeadeditError("--device cuda but no CUDA GPU is visible", "run on a GPU machine, or --tiny for a CPU smoke test")
+    dtype = torch.float32 if args.tiny or device == "cpu" else getattr(torch, args.dtype)
+    config = Path(args.config) if args.config else (
+        Path(os.environ["HEADEDIT_DATA_DIR"]).parent / "tokenizers" / DEFAULT_CONFIG
+        if os.environ.get("HEADEDIT_DATA_DIR") else None)
+    start = time.perf_counter()
+    model, label = build_model(config, device, dtype, args.tiny)
+    built = time.perf_counter() - start
+    r = run_bench(model, args.n, args.naive_sets, args.naive_n, batch)
+    r.update(model=label, build_s=built)
+    if args.json:
+        console.print_json(json.dumps(r))
+        return 0 if r["identical"] else 1
+    out = lambda text: console.print(text, soft_wrap=True, highlight=False, markup=False)  # noqa: E731
+    out(f"{label} on {r['gpu']} ({r['device']}, {r['dtype']}, sdpa), built in {r['build_s']:.1f} s")
+    out(f"arithmetic (chat, non-thinking): {r['n']} examples, {r['tokens_mean']:.0f} tokens mean / {r['tokens_max']} max; "
+        f"{r['sets']} sets (intact + every head alone); batch {r['batch']['batch_size']} ({r['batch']['source']})")
+    out(f"fast: {r['fast_s']:.2f} s, {r['forwards']} forwards, {r['set_examples_per_s']:.0f} set-examples/s "
+        f"({r['examples_per_s']:.2f} screened examples/s), {r['fast_tflops']:.3g} TFLOP/s executed"
+        + (f", peak {r['peak_mem_gib']:.1f} GiB" if r["peak_mem_gib"] else ""))
+    out(f"naive: {r['naive_s']:.2f} s for {r['naive_set_examples']} set-examples (one generate per example per set)")
+    out(f"fast/naive: {r['ratio']:.1f}x per set-example  identical: {'yes' if r['identical'] else 'no'}")
+    return 0 if r["identical"] else 1
