@@ -86,7 +86,7 @@ def largest_that_fits(probe: Callable[[int], None], start: int = START, limit: i
 
 
 def engine_probe(engine: Any, task: Any, examples: Sequence[Any], reserve_bytes: int | None = None) -> Callable[[int], None]:
-    """probe(n): the real engine on the n longest examples, with as many packed sets per forward as it will use.
+    """probe(n): the real engine on the n longest examples (cycled when n exceeds the split), with as many packed sets per forward as it will use.
 
     The engine's ratio of rows per forward to examples per batch is kept (set packing stays as configured);
     the sets ablate layer 0 (full forwards) and a middle layer (so intact hidden states are captured). The
@@ -101,7 +101,7 @@ def engine_probe(engine: Any, task: Any, examples: Sequence[Any], reserve_bytes:
     reserve = engine.hidden.max_bytes if reserve_bytes is None else reserve_bytes
 
     def probe(n: int) -> None:
-        chosen = [examples[i] for i in lengths[:n]]
+        chosen = [examples[lengths[i % len(lengths)]] for i in range(n)]  # the longest, repeated past the split
         engine.batch_size, engine.max_rows = n, n * ratio
         held = torch.empty(reserve, dtype=torch.uint8, device=engine.device) if reserve else None
         try:
