@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import shutil
@@ -45,11 +46,12 @@ def atomic_dir(out: Path, force: bool = False, protect: tuple[Path, ...] = ()) -
     if out.exists() and not force:
         raise OutputExistsError(f"output folder {out} already exists", "choose another --out or pass --force")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    _remove_stale(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         yield tmp
         if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
             os.replace(out, trash / "old")
             os.replace(tmp, out)
             shutil.rmtree(trash, ignore_errors=True)
@@ -60,6 +62,31 @@ def atomic_dir(out: Path, force: bool = False, protect: tuple[Path, ...] = ()) -
         if _disk_full(err):
             raise ExportError(f"disk full while writing {out}; nothing was left there", "free space and retry") from None
         raise
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(out: Path) -> None:
+    """Delete hidden folders beside `out` left by a writer that was killed (kill -9, power loss).
+
+    A half-written `.tmp-` folder of a dead process is garbage. A `.old-` folder holds the previous export
+    and is deleted only when `out` exists (the replacement finished); otherwise it is the only copy, kept.
+    """
+    for path in out.parent.glob(f".{glob.escape(out.name)}.*-*-*"):
+        kind, _, rest = path.name[len(out.name) + 2:].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if kind == "tmp" or out.exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _disk_full(err: BaseException) -> bool:

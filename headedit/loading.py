@@ -95,7 +95,7 @@ def weight_files(path: Path, allow_pickle: bool = False) -> list[Path]:
             return []
         raise ModelLoadError(
             f"{path.name} has only pickle weights (.bin), which can run code when loaded",
-            "convert it to safetensors, or pass --allow-pickle if you trust the source",
+            "convert it to safetensors (load it once where you trust it, save_pretrained) and point at that folder",
         )
     raise ModelLoadError(f"{path.name} has no model.safetensors", "point at a folder with safetensors weights")
 
@@ -152,7 +152,7 @@ def check_remote_code(config: dict[str, Any], trust_remote_code: bool) -> None:
     if config.get("auto_map") and not trust_remote_code:
         raise ModelLoadError(
             "this model's config asks for remote code (auto_map), which headedit does not run by default",
-            "pass --trust-remote-code only if you trust its author",
+            "set trust_remote_code = true under [model] in the recipe only if you trust its author",
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -362,6 +363,18 @@ def diff(before: dict, after: dict) -> list[str]:
     return sorted(changes)
 
 
+def cli_flags() -> set[str]:
+    """Every option any `headedit` subcommand accepts: a hint may only tell the user to pass one of these."""
+    from headedit.cli import build_parser
+
+    parser = build_parser()
+    flags = {o for a in parser._actions for o in a.option_strings}
+    for action in parser._subparsers._group_actions:  # the subcommands
+        for sub in action.choices.values():
+            flags |= {o for a in sub._actions for o in a.option_strings}
+    return flags
+
+
 def fill(text: str, values: Mapping[str, str]) -> str:
     for key, value in values.items():
         text = text.replace("{" + key + "}", value)
@@ -448,6 +461,7 @@ def test_bad_input_corpus(tmp_path, shared_inputs, hub_server, hub_user, hub_env
     before_tree = snapshot(tmp_path)
     repos_before = set(hub_server.state.repos)
     selected = [c for c in table if c.id in dirs]
+    flags = cli_flags()
     with ThreadPoolExecutor(WORKERS) as pool:
         results = dict(zip((c.id for c in selected),
                            pool.map(lambda c: _run_case(c, dirs[c.id], shared, base_env), selected)))
@@ -474,6 +488,9 @@ def test_bad_input_corpus(tmp_path, shared_inputs, hub_server, hub_user, hub_env
             why.append("no hint in parentheses (how to fix it)")
         if fill(case.expect, {"user": shared.user}) not in line:
             why.append(f"does not name the problem ({case.expect!r})")
+        unknown = [f for f in re.findall(r"(?<![\w-])--[a-z][a-z-]*", line) if f not in flags]
+        if unknown:
+            why.append(f"hint names options the CLI does not have: {unknown}")
         if changed:
             why.append(f"disk changed: {changed[:6]}".replace(prefix, ""))
         if case.repo and fill(case.repo, {"user": shared.user, "other": other}) in hub_server.state.repos:

@@ -138,9 +138,13 @@ def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
     from headedit import pipeline
     from headedit.recipe import parse_recipe
 
-    torch.set_num_threads(1)
     text = F.recipe_text(model_dir, discovery=DISCOVERY_N, name="faults")
-    reference = pipeline.discover(parse_recipe(text, tmp_path / "r.toml"), tmp_path / "reference")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the CLI runs (OMP_NUM_THREADS=1), so the bits are comparable
+    try:
+        reference = pipeline.discover(parse_recipe(text, tmp_path / "r.toml"), tmp_path / "reference")
+    finally:
+        torch.set_num_threads(threads)  # later tests in this process keep their own setting
     ref_rows = journal_rows(reference)
     ref_work, _ = journal_work(reference)
     ref_selection = json.loads((reference / "selection.json").read_text())
@@ -229,10 +233,10 @@ def sharded_model(tmp_path_factory) -> Path:
     from headedit.tiny import tiny_model, tiny_tokenizer
 
     folder = tmp_path_factory.mktemp("faults-sharded") / "model"
-    tiny_model(seed=1, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-               hidden_size=64).save_pretrained(folder, max_shard_size="40KB")
+    tiny_model(seed=1, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=256,
+               intermediate_size=1024).save_pretrained(folder, max_shard_size="1MB")  # 16 MB in 16 shards
     tiny_tokenizer().save_pretrained(folder)
-    assert len(list(folder.glob("*.safetensors"))) >= 4
+    assert len(list(folder.glob("*.safetensors"))) >= 8
     return folder
 
 
@@ -301,22 +305,24 @@ def test_kill_9_during_bake_never_shows_a_partial_export(tmp_path, sharded_model
             delay = rng.uniform(0.1, 1.0) * duration
             trigger: Callable[[float], bool] = lambda _t: True
         else:  # a moment inside the write phase: after the hidden temp folder appears
-            delay = rng.uniform(0.0, 0.15)
+            delay = rng.uniform(0.0, 0.05)  # the shards take ~50 ms to write here
             trigger = lambda _t: target.parent.is_dir() and any(
                 p.name.startswith(f".{target.name}.tmp-") for p in target.parent.iterdir())
         res = run_and_kill(cmd(target), env, trigger, delay, watch=watcher)
-        log.append(f"#{i} delay={delay:.3f}s killed={res.killed} exists={target.exists()}")
+        leftovers = [p.name for p in target.parent.iterdir() if p.name != target.name] if target.parent.exists() else []
+        log.append(f"#{i} delay={delay:.3f}s killed={res.killed} exists={target.exists()} temp folders={len(leftovers)}")
         kills += res.killed
         if not res.killed:
             assert res.returncode == 0, (log, res.stderr[-2000:])
         assert not watcher.problems, (watcher.problems, log)
-        leftovers = [p.name for p in target.parent.iterdir() if p.name != target.name] if target.parent.exists() else []
         assert all(name.startswith(".") for name in leftovers), leftovers  # only hidden temp folders, never a name
 
     final = run_and_kill(cmd(target), env, None, watch=watcher)
     assert final.returncode == 0, final.stderr
     verify_export(target)
     assert tree_digest(target) == ref_digest
+    # the temp folders of the killed bakes were cleaned up by the run that completed
+    assert [p.name for p in target.parent.iterdir()] == [target.name], log
     assert not watcher.problems, watcher.problems
     assert tree_digest(sharded_model) == source_before
     print(f"seed {SEED}:", *log, sep="\n  ")
@@ -331,12 +337,20 @@ def hub_files(hub_server, repo_id: str, sha: str) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, hub_user, hub_env, hub_export):
+    """Each round publishes a new revision of the export (its card changes), kills the push at a seeded moment,
+    checks the Hub, then runs the same command again, which must land exactly that revision."""
+    from headedit.bake import write_manifest
     from headedit.hub import upload_paths
 
     _, _, export = hub_export
-    manifest = json.loads((export / "headedit.json").read_text())
-    expected = {name: (export / name).read_bytes() for name in upload_paths(export, manifest)}
     env = base_env(hub_env)
+    card = (export / "README.md").read_text()
+
+    def new_revision(i: int) -> dict[str, bytes]:
+        (export / "README.md").write_text(card + f"\nrevision {i}\n")
+        manifest = json.loads((export / "headedit.json").read_text())
+        manifest = write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
+        return {name: (export / name).read_bytes() for name in upload_paths(export, manifest)}
 
     def cmd(repo: str) -> list[str]:
         return [sys.executable, "-m", "headedit", "push", str(export), "--repo", repo]
@@ -349,41 +363,46 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
     assert ref_requests >= 4
 
     repo = f"{hub_user.name}/killed"
+    revisions: list[dict[str, bytes]] = []
 
-    def complete_commits() -> list[str]:
+    def commits() -> dict[str, int]:
+        """{sha: revision index} of every commit with files; each must be one whole revision, byte for byte."""
         state = hub_server.state.repos.get(repo)
-        if state is None:
-            return []
-        shas = [sha for sha, c in state.commits.items() if set(c.files) - {".gitattributes"}]
-        for sha in shas:  # any commit with files must be a whole push: every file, every byte
-            assert hub_files(hub_server, repo, sha) == expected, f"commit {sha} is partial"
-        return shas
+        found = {}
+        for sha, commit in (state.commits.items() if state else ()):
+            if set(commit.files) - {".gitattributes"}:
+                files = hub_files(hub_server, repo, sha)
+                assert files in revisions, f"commit {sha} is not a whole revision (a partial push)"
+                found[sha] = revisions.index(files)
+        return found
 
     rng = rng_for("push")
     kills, log = 0, []
     for i in range(14):
-        if kills == 6:
+        if kills == 5:
             break
+        revisions.append(new_revision(i))
         nth = rng.randrange(0, ref_requests - 1)  # kill after the Hub has answered this many of our requests
         delay = rng.uniform(0.0, 0.05)
-        before = complete_commits()
+        before = commits()
         mark = len(hub_server.state.requests)
         res = run_and_kill(cmd(repo), env, lambda _t: len(hub_server.state.requests) - mark >= nth, delay)
-        after = complete_commits()
-        log.append(f"#{i} after {nth} requests + {delay:.3f}s: killed={res.killed} commits {len(before)}->{len(after)}")
+        after = commits()
+        new = set(after) - set(before)
+        log.append(f"#{i} after {nth} requests + {delay:.3f}s: killed={res.killed} new commits={len(new)}")
         kills += res.killed
         if not res.killed:
             assert res.returncode == 0, (log, res.stderr[-2000:])
-        assert len(after) - len(before) in (0, 1), log  # the commit, or nothing
-        state = hub_server.state.repos.get(repo)
+        assert len(new) <= 1 and all(after[sha] == i for sha in new), log  # this revision's commit, or nothing
         if after:
-            assert state.resolve("main").sha in after, log  # main points at a complete commit
+            assert hub_server.state.repos[repo].resolve("main").sha in after, log  # main is a whole commit
+        again = run_and_kill(cmd(repo), env, None)  # the same command again
+        assert again.returncode == 0, (log, again.stderr[-2000:])
+        head = hub_server.state.repos[repo].resolve("main")
+        assert hub_files(hub_server, repo, head.sha) == revisions[i], log
+        assert len(set(commits()) - set(before)) == 1, log  # exactly one commit for this revision, never two
+        assert hub_user.token not in res.stdout + res.stderr + again.stdout + again.stderr
 
-    final = run_and_kill(cmd(repo), env, None)
-    assert final.returncode == 0, final.stderr
-    head = hub_server.state.repos[repo].resolve("main")
-    assert hub_files(hub_server, repo, head.sha) == expected
-    assert hub_files(hub_server, ref_repo, hub_server.state.repos[ref_repo].resolve("main").sha) == expected
-    assert hub_user.token not in final.stdout + final.stderr
+    assert hub_files(hub_server, ref_repo, hub_server.state.repos[ref_repo].resolve("main").sha) != revisions[-1]
     print(f"seed {SEED}:", *log, sep="\n  ")
-    assert kills == 6, log
+    assert kills == 5, log
