@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -295,6 +296,8 @@ def test_kill_9_during_bake_never_shows_a_partial_export(tmp_path, sharded_model
     duration = first.seconds
 
     target = tmp_path / "out" / "edited"
+    target.parent.mkdir()
+    shutil.copytree(reference, target)  # an earlier export is there: every --force bake replaces it
     watcher = ExportWatcher(target, ref_digest)
     rng = rng_for("bake")
     kills, log = 0, []
