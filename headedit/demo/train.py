@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import OutputExistsError
+from ..errors import HeadeditError, OutputExistsError
 from ..events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from .data import FIRST_SHARE, VOCAB, build_tokenizer, copy_target, index_pair, prompt_text, split_pairs
 
@@ -175,15 +175,21 @@ def new_model(seed: int, vocab_size: int = len(VOCAB)) -> torch.nn.Module:
     return model.float()
 
 
+def check_output(out_dir: str | Path, force: bool) -> Path:
+    """Refuse a non-empty output folder unless forced (checked before training, and again before writing)."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise OutputExistsError(f"{out} already exists and is not empty", "pass force=True (--force) to replace it")
+    return out
+
+
 def save_checkpoint(model: torch.nn.Module, tokenizer, out_dir: str | Path, force: bool = False) -> Path:
     """Write config, generation config, tokenizer and model.safetensors into `out_dir`, atomically.
 
     Everything goes into a sibling temp folder first and is renamed into place, so a crash never
     leaves a half-written checkpoint; an existing folder is replaced only with `force`.
     """
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise OutputExistsError(f"{out} already exists and is not empty", "pass force=True (--force) to replace it")
+    out = check_output(out_dir, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -223,6 +229,7 @@ def train(
 
     `threads` only changes speed: the weights come out bit-identical on 1 or 2 threads (checked).
     """
+    check_output(out_dir, force)
     report = reporter or null_reporter
     started = time.perf_counter()
     tokenizer = build_tokenizer()
@@ -254,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(event, (Log, StageFinished)):
             print(getattr(event, "message", None) or f"{event.stage}: {event.summary}")  # noqa: T201 (script)
 
-    train(args.out_dir, seed=args.seed, steps=args.steps, reporter=printer, force=args.force, threads=args.threads)
+    try:
+        train(args.out_dir, seed=args.seed, steps=args.steps, reporter=printer, force=args.force, threads=args.threads)
+    except HeadeditError as err:
+        print(f"error: {err}")  # noqa: T201 (script)
+        return 2
     return 0
 
 
