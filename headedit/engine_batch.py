@@ -8,7 +8,7 @@ once per example, and every ending sees exactly what it would see alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -35,17 +35,62 @@ def format_prompt(tokenizer: Any, prompt: str, chat: bool, chat_template_kwargs:
     return text, False
 
 
-def encode_pair(tokenizer: Any, context: str, continuation: str, add_special: bool) -> tuple[list[int], list[int]]:
-    """lm-eval's split: trailing context spaces move to the continuation; the continuation is whole[len(ctx):]."""
+def split_pair(context: str, continuation: str) -> tuple[str, str]:
+    """lm-eval's split: trailing context spaces move to the continuation."""
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
-        continuation = context[-n_spaces:] + continuation
-        context = context[:-n_spaces]
+        return context[:-n_spaces], context[-n_spaces:] + continuation
+    return context, continuation
+
+
+def encode_pair(tokenizer: Any, context: str, continuation: str, add_special: bool) -> tuple[list[int], list[int]]:
+    """lm-eval's split: trailing context spaces move to the continuation; the continuation is whole[len(ctx):]."""
+    context, continuation = split_pair(context, continuation)
     ctx = tokenizer(context, add_special_tokens=add_special)["input_ids"]
     whole = tokenizer(context + continuation, add_special_tokens=add_special)["input_ids"]
     if whole[: len(ctx)] == ctx and len(whole) > len(ctx):
         return list(ctx), list(whole[len(ctx):])
     return list(ctx), list(tokenizer(continuation, add_special_tokens=False)["input_ids"])
+
+
+class PrefilledTokenizer:
+    """A tokenizer whose single-string calls are answered from one batched encode (same ids: fast tokenizers
+    encode each string of a batch on its own); anything else goes to the real tokenizer."""
+
+    def __init__(self, tokenizer: Any, texts: dict[bool, list[str]]) -> None:
+        self.tokenizer = tokenizer
+        self.ids: dict[tuple[str, bool], list[int]] = {}
+        for special, group in texts.items():
+            unique = list(dict.fromkeys(group))
+            if unique:
+                for text, ids in zip(unique, tokenizer(unique, add_special_tokens=special)["input_ids"]):
+                    self.ids[(text, special)] = list(ids)
+
+    def __call__(self, text: Any, add_special_tokens: bool = True, **kwargs: Any) -> Any:
+        hit = self.ids.get((text, add_special_tokens)) if isinstance(text, str) and not kwargs else None
+        if hit is not None:
+            return {"input_ids": list(hit)}
+        return self.tokenizer(text, add_special_tokens=add_special_tokens, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+
+def texts_to_encode(task: Task, example: Example, tokenizer: Any, chat: bool, chat_kwargs: dict | None) -> dict[bool, list[str]]:
+    """The strings `plan_example` will tokenize for one example, by add_special_tokens flag (for prefilling)."""
+    text, special = format_prompt(tokenizer, example.prompt, chat, chat_kwargs)
+    out: dict[bool, list[str]] = {special: [], False: []}
+    if task.kind == "exact":
+        conts = [exact_target(example, chat)]
+    elif task.kind == "choice":
+        conts = list(example.choices)
+        out[False].extend(example.choices)
+    else:
+        return {special: [text]}
+    for cont in conts:
+        ctx, rest = split_pair(text, cont)
+        out[special].extend([ctx, ctx + rest])
+    return out
 
 
 def stop_token_id(model: Any, tokenizer: Any) -> int | None:
@@ -128,7 +173,20 @@ def make_batches(plans: Sequence[Plan], batch_size: int, pad_id: int, dtype: tor
     return batches
 
 
+def needed(plan: Plan) -> int:
+    """Tokens of a plan the forward must see: up to its last gathered position (later tokens predict nothing,
+    and causal attention never lets them change earlier positions), or all of them when nothing is gathered."""
+    return max(at for at, _, _ in plan.gathers) + 1 if plan.gathers else len(plan.tokens)
+
+
+def shift_batch(batch: Batch, offset: int) -> Batch:
+    """The same batch with its member indices moved by `offset` (a batch formed within a span of plans)."""
+    return replace(batch, members=[m + offset for m in batch.members],
+                   gather_member=[m + offset for m in batch.gather_member])
+
+
 def _pad(plans: list[Plan], members: list[int], pad_id: int, dtype: torch.dtype, device: Any) -> Batch:
+    plans = [p if needed(p) == len(p.tokens) else _trim(p) for p in plans]
     width = max(len(p.tokens) for p in plans)
     ids = torch.full((len(plans), width), pad_id, dtype=torch.long)  # [batch, pos]
     packed = any(p.segments is not None for p in plans)
@@ -172,6 +230,12 @@ def _pad(plans: list[Plan], members: list[int], pad_id: int, dtype: torch.dtype,
         gather_member=mem,
         gather_group=groups,
     )
+
+
+def _trim(plan: Plan) -> Plan:
+    n = needed(plan)
+    return Plan(plan.tokens[:n], plan.gathers, plan.positions[:n] if plan.positions is not None else None,
+                plan.segments[:n] if plan.segments is not None else None, min(plan.context_len, n))
 
 
 def repeat_batch_inputs(batch: Batch, times: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

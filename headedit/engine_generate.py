@@ -73,15 +73,7 @@ def context_ids(engine: "Engine", task: Task, example: Example) -> tuple[int, ..
 
 def get_draft(engine: "Engine", task: Task, example: Example) -> Draft:
     """The intact model's greedy output for one example (cached on the engine)."""
-    ctx = context_ids(engine, task, example)
-    key = (task.name, ctx, task.max_new_tokens, tuple(task.stop))
-    hit = engine._drafts.get(key)
-    if hit is None:
-        tokens = greedy_generate(engine.model, engine.tokenizer, ctx, task.max_new_tokens, task.stop)
-        text = finish_text(engine.tokenizer, tokens, task.stop)
-        hit = Draft(ctx, tuple(tokens), text, bool(task.check(example, text)))
-        engine._drafts[key] = hit
-    return hit
+    return get_drafts(engine, task, [example])[0]
 
 
 def _draft_plan(draft: Draft) -> Plan:
@@ -93,51 +85,83 @@ def _draft_plan(draft: Draft) -> Plan:
 def draft_plans(engine: "Engine", task: Task, examples: list[Example]) -> tuple[list[Plan], list[int]]:
     """Teacher-forcing plans of the intact drafts the intact model gets right (for answer log-probabilities)."""
     plans, keep = [], []
-    for i, ex in enumerate(examples):
-        d = get_draft(engine, task, ex)
+    for i, d in enumerate(get_drafts(engine, task, examples)):
         if d.correct and d.tokens:
             plans.append(_draft_plan(d))
             keep.append(i)
     return plans, keep
 
 
+def check_texts(task: Task, examples: Sequence[Example], texts: Sequence[str]) -> list[bool]:
+    """Verdicts of many generated texts: one `check_many` call when the task has it (MBPP runs programs in
+    parallel and once per distinct program), else `check` per row."""
+    if not texts:
+        return []
+    many = getattr(task, "check_many", None)
+    if callable(many):
+        return [bool(v) for v in many(list(examples), list(texts))]
+    return [bool(task.check(ex, t)) for ex, t in zip(examples, texts)]
+
+
+def get_drafts(engine: "Engine", task: Task, examples: list[Example]) -> list[Draft]:
+    """Intact drafts of many examples; the new ones are checked in one `check_texts` call."""
+    missing: dict[tuple, tuple[int, tuple[int, ...], tuple[int, ...], str]] = {}
+    keys = []
+    for i, ex in enumerate(examples):
+        ctx = context_ids(engine, task, ex)
+        key = (task.name, ctx, task.max_new_tokens, tuple(task.stop))
+        keys.append(key)
+        if key not in engine._drafts and key not in missing:
+            tokens = greedy_generate(engine.model, engine.tokenizer, ctx, task.max_new_tokens, task.stop)
+            missing[key] = (i, ctx, tuple(tokens), finish_text(engine.tokenizer, tokens, task.stop))
+    if missing:
+        rows = list(missing.items())
+        verdicts = check_texts(task, [examples[i] for _, (i, _, _, _) in rows], [t for _, (_, _, _, t) in rows])
+        for (key, (_, ctx, tokens, text)), ok in zip(rows, verdicts):
+            engine._drafts[key] = Draft(ctx, tokens, text, ok)
+    return [engine._drafts[k] for k in keys]
+
+
 def generate_correctness(engine: "Engine", task: Task, examples: list[Example], sets: list[tuple[Head, ...]]) -> np.ndarray:
     out = np.zeros((len(sets), len(examples)), dtype=bool)
-    drafts = [get_draft(engine, task, ex) for ex in examples]
+    drafts = get_drafts(engine, task, examples)
     ablated = [s for s, hs in enumerate(sets) if hs]
     for s, hs in enumerate(sets):
         if not hs:
             out[s] = [d.correct for d in drafts]
+    pending: list[tuple[int, int, str]] = []  # (set, example, ablated greedy text) still to check
     with_tokens = [i for i, d in enumerate(drafts) if d.tokens]
     for i, d in enumerate(drafts):
         if not d.tokens:  # nothing generated intact: teacher forcing has nothing to check, generate for real
             for s in ablated:
                 with ablate(engine.model, engine.layout, heads=sets[s]):
                     more = greedy_generate(engine.model, engine.tokenizer, d.context, task.max_new_tokens, task.stop)
-                out[s, i] = bool(task.check(examples[i], finish_text(engine.tokenizer, more, task.stop)))
-    if not ablated or not with_tokens:
-        return out
-    plans = [_draft_plan(drafts[i]) for i in with_tokens]
-    raw = engine.score_plans(plans, [sets[s] for s in ablated])
-    for s, per_batch in zip(ablated, raw):
-        diverge: dict[int, int] = {}  # plan index -> first draft position whose argmax differs
-        for batch, sc in per_batch:
-            seen: dict[int, int] = {}
-            for i, member in enumerate(batch.gather_member):
-                j = seen.get(member, 0)
-                seen[member] = j + 1
-                if member not in diverge and sc.argmax[i] != batch.gather_tok[i].item():
-                    diverge[member] = j
-        for p, ex_i in enumerate(with_tokens):
-            d = drafts[ex_i]
-            if p not in diverge:
-                out[s, ex_i] = d.correct
-                continue
-            j = diverge[p]
-            with ablate(engine.model, engine.layout, heads=sets[s]):
-                more = greedy_generate(
-                    engine.model, engine.tokenizer, d.context + d.tokens[:j], task.max_new_tokens - j, task.stop
-                )
-            text = finish_text(engine.tokenizer, list(d.tokens[:j]) + more, task.stop)
-            out[s, ex_i] = bool(task.check(examples[ex_i], text))
+                pending.append((s, i, finish_text(engine.tokenizer, more, task.stop)))
+    if ablated and with_tokens:
+        plans = [_draft_plan(drafts[i]) for i in with_tokens]
+        raw = engine.score_plans(plans, [sets[s] for s in ablated])
+        for s, per_batch in zip(ablated, raw):
+            diverge: dict[int, int] = {}  # plan index -> first draft position whose argmax differs
+            for batch, sc in per_batch:
+                wrong = sc.argmax != batch.gather_tok.cpu().numpy()  # [n_gathers]
+                seen: dict[int, int] = {}
+                for i, member in enumerate(batch.gather_member):  # gathers of a member are in draft order
+                    j = seen.get(member, 0)
+                    seen[member] = j + 1
+                    if wrong[i] and member not in diverge:
+                        diverge[member] = j
+            for p, ex_i in enumerate(with_tokens):
+                d = drafts[ex_i]
+                if p not in diverge:
+                    out[s, ex_i] = d.correct
+                    continue
+                j = diverge[p]
+                with ablate(engine.model, engine.layout, heads=sets[s]):
+                    more = greedy_generate(
+                        engine.model, engine.tokenizer, d.context + d.tokens[:j], task.max_new_tokens - j, task.stop
+                    )
+                pending.append((s, ex_i, finish_text(engine.tokenizer, list(d.tokens[:j]) + more, task.stop)))
+    verdicts = check_texts(task, [examples[i] for _, i, _ in pending], [t for _, _, t in pending])
+    for (s, i, _), ok in zip(pending, verdicts):
+        out[s, i] = ok
     return out

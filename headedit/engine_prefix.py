@@ -21,6 +21,33 @@ class _PassThrough(torch.nn.Module):
         return hidden_states
 
 
+class _GatheredMLP(torch.nn.Module):
+    """Stands in for the last layer's MLP: runs it only at the (row, position) pairs whose logits are read.
+
+    A dense MLP acts on each token alone, and after the last layer nothing mixes positions, so every other
+    position's final state is never used: their MLP output is left at zero.
+    """
+
+    def __init__(self, mlp: torch.nn.Module, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        super().__init__()
+        self.mlp, self.rows, self.positions = mlp, rows, positions
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        picked = x[self.rows, self.positions].unsqueeze(0)  # [1, n, hidden]
+        out = x.new_zeros(x.shape)  # [batch, pos, hidden]
+        out[self.rows, self.positions] = self.mlp(picked, *args, **kwargs)[0]
+        return out
+
+
+def gathered_mlp_ok(model: Any) -> bool:
+    """Whether the last layer's MLP may be restricted to read positions: a dense per-token `mlp` (no experts)."""
+    cfg = model.config
+    if any(getattr(cfg, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")):
+        return False
+    _, layers, _ = decoder_parts(model)
+    return isinstance(getattr(layers[-1], "mlp", None), torch.nn.Module)
+
+
 class _Stop(Exception):
     """Raised by a capture hook once every requested layer input is recorded: the rest is not needed."""
 
@@ -35,6 +62,27 @@ def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def attention_of(layer: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """(attribute name, module) of a decoder layer's attention: the child that owns an `o_proj` Linear."""
+    for name, child in layer.named_children():
+        if isinstance(getattr(child, "o_proj", None), torch.nn.Linear):
+            return name, child
+    return None
+
+
+class _CachedAttention(torch.nn.Module):
+    """Stands in for the attention of the first layer a forward runs: everything up to o_proj's input is the
+    same as in the forward the input `z` was captured from (same layer input, no ablation below o_proj), so
+    only o_proj runs; the ablation hook on o_proj zeroes this forward's heads as usual."""
+
+    def __init__(self, o_proj: torch.nn.Module, z: torch.Tensor) -> None:
+        super().__init__()
+        self.o_proj, self.z = o_proj, z
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        return self.o_proj(self.z), None
+
+
 def run_decoder(
     model: Any,
     input_ids: torch.Tensor,
@@ -44,23 +92,42 @@ def run_decoder(
     hidden_in: torch.Tensor | None = None,
     capture: Iterable[int] = (),
     only_capture: bool = False,
-) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
+    read_at: tuple[torch.Tensor, torch.Tensor] | None = None,
+    capture_attn: Iterable[int] = (),
+    attn_in: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, dict[Any, torch.Tensor]]:
     """Final-normed hidden states [batch, pos, hidden], and the inputs of the `capture` layers.
 
     `start_layer > 0` needs `hidden_in` [batch, pos, hidden], the states entering that layer for these exact
-    inputs. `only_capture` stops the forward as soon as the last captured layer's input is recorded.
+    inputs. `only_capture` stops the forward as soon as the last capture is recorded.
+    `read_at` = (rows, positions): only those final states are read, so the last layer's MLP runs there only
+    (callers check `gathered_mlp_ok` first); every other final state is then meaningless.
+    `capture_attn`: also record o_proj's input at those layers (key ("attn", layer)); `attn_in` [batch, pos,
+    heads * d_head]: such a record for the start layer, so its attention runs o_proj only (`_CachedAttention`).
     """
     base, layers, _ = decoder_parts(model)
     capture = sorted(set(capture))
-    captured: dict[int, torch.Tensor] = {}
+    capture_attn = sorted(set(capture_attn))
+    captured: dict[Any, torch.Tensor] = {}
     handles = []
+    last_mlp = None
+    swapped_attn: tuple[str, torch.nn.Module] | None = None
     saved: dict[int, torch.nn.Module] = {}
-    last = capture[-1] if capture else None
+    events = [(L, 0) for L in capture] + [(L, 1) for L in capture_attn]  # forward order: layer input, then o_proj
+    last = max(events) if events else None
 
     def capture_hook(layer: int):
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             captured[layer] = _hidden_arg(args, kwargs).detach()
-            if only_capture and layer == last:
+            if only_capture and last == (layer, 0):
+                raise _Stop
+
+        return hook
+
+    def attn_hook(layer: int):
+        def hook(module: torch.nn.Module, args: tuple) -> None:
+            captured[("attn", layer)] = args[0].detach()
+            if only_capture and last == (layer, 1):
                 raise _Stop
 
         return hook
@@ -82,6 +149,20 @@ def run_decoder(
             if layer < start_layer:
                 raise ValueError(f"cannot capture layer {layer} below start layer {start_layer}")
             handles.append(layers[layer].register_forward_pre_hook(capture_hook(layer), with_kwargs=True))
+        for layer in capture_attn:
+            found = attention_of(layers[layer])
+            if found is None or (layer == start_layer and attn_in is not None):
+                raise ValueError(f"cannot capture the attention of layer {layer}")
+            handles.append(found[1].o_proj.register_forward_pre_hook(attn_hook(layer)))
+        if attn_in is not None:
+            found = attention_of(layers[start_layer])
+            if found is None:
+                raise ValueError(f"layer {start_layer} has no attention with an o_proj")
+            swapped_attn = found
+            setattr(layers[start_layer], found[0], _CachedAttention(found[1].o_proj, attn_in))
+        if read_at is not None and not only_capture:
+            last_mlp = layers[-1].mlp
+            layers[-1].mlp = _GatheredMLP(last_mlp, *read_at)
         kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
@@ -95,6 +176,10 @@ def run_decoder(
             handle.remove()
         for i, module in saved.items():
             layers[i] = module
+        if swapped_attn is not None:
+            setattr(layers[start_layer], *swapped_attn)
+        if last_mlp is not None:
+            layers[-1].mlp = last_mlp
 
 
 def logits_at(model: Any, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -139,7 +139,9 @@ def test_exhaustive_finds_pair_that_is_harmful_alone(tmp_path) -> None:
     assert set(ex) >= {Head(0, 0), Head(2, 2)}
     sizes = [t["size"] for t in result.trace]
     assert sizes.count(2) == 15  # C(6, 2) pairs, all in the trace
-    assert all(t["gain"] == pytest.approx(100 * (t["acc"] - result.intact_acc)) for t in result.trace)
+    assert all(t["gain"] == pytest.approx(100 * (t["acc"] - result.intact_acc)) for t in result.trace
+               if not t.get("pruned"))
+    assert all(t["n"] < 400 for t in result.trace if t.get("pruned"))
 
 
 def test_min_gain_and_max_heads_stop_the_search(tmp_path) -> None:
@@ -170,3 +172,34 @@ def test_compressed_screen_recovers_planted_heads(tmp_path) -> None:
     single = single_screen(_scorer(tmp_path, ev, "s.sqlite"), LAYOUT, None)
     assert topk_overlap(comp, single, 2) == 1.0
     assert "Lasso" in comp.rule
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_pruning_keeps_the_selection_and_saves_work(tmp_path, seed) -> None:
+    rng = np.random.default_rng(100 + seed)
+    heads = LAYOUT.all_heads()
+    effects = {(h.layer, h.head): float(rng.choice([-40.0, -8.0, -1.0, 0.5, 2.0, 4.0])) for h in heads[:12]}
+    pairs = {((0, 0), (2, 2)): 6.0, ((0, 1), (3, 3)): -5.0}
+    method = ("greedy", "exhaustive")[seed % 2]
+    for beam in (1, 2, 3):
+        results = {}
+        for prune in (False, True):
+            ev = Synthetic(n=300, base=0.7, effects=effects, pairs=pairs, seed=seed, harmful=4)
+            screen = single_screen(_scorer(tmp_path, ev, f"s{seed}{beam}{prune}.sqlite"), LAYOUT, None)
+            before = ev.examples
+            _, res = _search(_scorer(tmp_path, ev, f"q{seed}{beam}{prune}.sqlite"), screen, 10, beam=beam,
+                             max_heads=4, min_gain=0.0, method=method, prune=prune, prune_chunk=16)
+            results[prune] = (res, ev.examples - before)
+        (full, work_full), (fast, work_fast) = results[False], results[True]
+        assert fast.selected == full.selected and fast.selected_acc == full.selected_acc, (seed, beam)
+        assert {t["heads"] for t in fast.trace} == {t["heads"] for t in full.trace}
+        exact = {t["heads"]: t["acc"] for t in full.trace}
+        for t in fast.trace:
+            if t.get("pruned"):
+                assert t["n"] < 300 and t["acc"] <= fast.selected_acc
+            else:
+                assert t["acc"] == exact[t["heads"]]
+        assert work_fast <= work_full
+        if any(t.get("pruned") for t in fast.trace):
+            assert work_fast < work_full
+    assert "exact pruning" in fast.rule

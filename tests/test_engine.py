@@ -184,3 +184,39 @@ def test_bad_heads_are_rejected(tiny):
     model, tok, layout = tiny
     with pytest.raises(HeadSpecError):
         Engine(model, tok, layout).correctness(get_task("boolq"), synthetic_boolq(1), [(Head(9, 0),)])
+
+
+def test_batched_tokenization_gives_the_same_plans(tiny):
+    model, tok, layout = tiny
+    cases = [(get_task("boolq"), synthetic_boolq(6)), (get_task("hellaswag"), synthetic_hellaswag(4)),
+             (get_task("arithmetic"), list(get_task("arithmetic").load("discovery", 6).examples)),
+             (HashGenerate(), list(get_task("arithmetic").load("discovery", 3).examples))]
+    for task, examples in cases:
+        for kwargs in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
+            batched = Engine(model, tok, layout, **kwargs).plans(task, examples)  # one batched tokenizer call
+            single = [Engine(model, tok, layout, **kwargs).plan(task, ex)[0] for ex in examples]
+            assert batched == single, (task.name, kwargs)
+
+
+class CountingGenerate(HashGenerate):
+    """HashGenerate with a batched checker that counts its calls (as MBPP's `check_many`)."""
+
+    name = "counting-generate"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def check_many(self, examples, generations, workers=None):
+        self.calls.append(len(generations))
+        return [self.check(ex, g) for ex, g in zip(examples, generations)]
+
+
+def test_generated_rows_are_checked_with_check_many(tiny):
+    model, tok, layout = tiny
+    task = CountingGenerate()
+    examples = list(get_task("arithmetic").load("discovery", 8).examples)
+    engine = Engine(model, tok, layout, batch_size=4)
+    got = engine.correctness(task, examples, SETS)
+    assert len(task.calls) == 2 and task.calls[0] == len(examples)  # the drafts, then every diverging row at once
+    for s, hs in enumerate(SETS):
+        assert list(got[s]) == list(reference_correctness(model, tok, layout, task, examples, hs)), hs

@@ -59,3 +59,54 @@ def test_hidden_cache_is_bounded():
     for i in range(5):
         cache.put(("k", i), torch.zeros(100))  # 400 bytes each
     assert cache.get(("k", 0)) is None and cache.get(("k", 4)) is not None and len(cache._items) == 3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_first_layer_attention_from_cached_o_proj_input_is_bit_identical(arch):
+    model = tiny_model(arch, num_hidden_layers=3)
+    tok = tiny_tokenizer()
+    layout = HeadLayout.from_model(model)
+    engine = Engine(model, tok, layout)
+    batch = make_batches(engine.plans(get_task("boolq"), synthetic_boolq(3)), 3, engine.pad_id, torch.float32, "cpu")[0]
+    with torch.no_grad():
+        _, captured = run_decoder(model, batch.input_ids, batch.attention_mask, capture=[1, 2], capture_attn=[0, 1, 2])
+        for layer in (0, 1, 2):
+            with ablate(model, layout, heads=[Head(layer, 1), Head(2, 3)]):
+                ref, _ = run_decoder(model, batch.input_ids, batch.attention_mask)
+                fast, _ = run_decoder(model, batch.input_ids, batch.attention_mask, start_layer=layer,
+                                      hidden_in=captured.get(layer), attn_in=captured[("attn", layer)])
+            assert torch.equal(ref, fast), layer
+    assert all(type(layer.self_attn).__name__.endswith("Attention") for layer in model.get_decoder().layers)
+
+
+def test_last_layer_mlp_only_at_read_positions():
+    model = tiny_model(num_hidden_layers=2)
+    engine = Engine(model, tiny_tokenizer())
+    batch = make_batches(engine.plans(get_task("boolq"), synthetic_boolq(4)), 4, engine.pad_id, torch.float32, "cpu")[0]
+    at = (batch.gather_row, batch.gather_pos)
+    with torch.no_grad():
+        full, _ = run_decoder(model, batch.input_ids, batch.attention_mask)
+        part, _ = run_decoder(model, batch.input_ids, batch.attention_mask, read_at=at)
+    torch.testing.assert_close(part[at], full[at], rtol=0, atol=1e-6)
+    assert not torch.equal(part, full)  # elsewhere the final states were not computed
+    assert type(model.get_decoder().layers[-1].mlp).__name__.endswith("MLP")  # restored
+
+
+def test_fast_engine_on_search_sets_equals_plain_engine_across_chunks():
+    model = tiny_model(num_hidden_layers=3, init_scale=0.3)
+    tok, layout = tiny_tokenizer(), HeadLayout.from_model(model)
+    task, examples = get_task("boolq"), synthetic_boolq(24)
+    a, b, c = Head(0, 1), Head(1, 2), Head(2, 3)
+    sets = [(), (a,), (b,), (c,), (a, b), (a, c), (a, Head(1, 0)), (a, b, c), (Head(1, 0), c)]
+    fast = Engine(model, tok, layout, batch_size=16, max_rows=64)
+    plain = Engine(model, tok, layout, batch_size=8, prefix_reuse=False)
+    evaluate = fast.range_eval(task, examples, block=8, doubling=True)
+    got = np.concatenate([evaluate(sets, 0, 8), evaluate(sets, 8, 16), evaluate(sets, 16, 24)], axis=1)
+    assert np.array_equal(got, plain.correctness(task, examples, sets))
+    assert fast.attn_skip and fast._attn_checked  # the o_proj-only first layer passed its self-check
+    assert any(key[1] for key in fast.hidden._items)  # a shared node under a non-empty base was cached
+    before = fast.forwards
+    assert np.array_equal(evaluate(sets[1:4], 8, 24), got[1:4, 8:])
+    assert fast.forwards - before == 2 * 3  # cached starts: one forward per start layer, per batch of [8, 24)
+    fast.gathered_mlp = fast.attn_skip = False  # each shortcut off: same verdicts
+    assert np.array_equal(evaluate(sets, 0, 24), got)

@@ -4,6 +4,13 @@ Candidates are the k highest screen scores even when zero or negative, because a
 harmless alone can be half of a helpful pair; `first_additions_all_heads` lets the first two
 additions draw from every head for the same reason. Every set goes through the journaled scorer,
 so re-trying a set is free and a resumed search replays to the same selection.
+
+Exact pruning (`prune`, on by default): the sets of one size are scored on doubling prefixes of the split
+(`prune_chunk`, 2x, 4x, ... examples). After the first look the `need` most promising sets are completed
+(`need` = beam width, or 1 at the last size), so the `need`-th best final count T is known; a set is dropped
+once even all its unseen examples right could not reach T (`correct_so_far + unseen < T`). Such a set ranks
+strictly below `need` completed sets, so the beam, the best set and the selection are exactly those of the
+unpruned search; only the cost changes. The decisions depend only on the journal's bits (resume-safe).
 """
 from __future__ import annotations
 
@@ -27,10 +34,13 @@ class SearchSpec:
     min_gain: float = 0.1  # points a new size must add over the best so far to continue
     exhaustive_size: int = 2
     first_additions_all_heads: bool = False
+    prune: bool = True  # exact bound pruning (module docstring); the selection is unchanged
+    prune_chunk: int = 32  # first look, in examples (a multiple of the engine's batch keeps its caches warm)
 
     @classmethod
     def from_recipe(cls, d: Any) -> "SearchSpec":
-        return cls(d.search, d.beam, d.max_heads, d.min_gain, d.exhaustive_size, d.first_additions_all_heads)
+        return cls(d.search, d.beam, d.max_heads, d.min_gain, d.exhaustive_size, d.first_additions_all_heads,
+                   bool(getattr(d, "prune", True)), int(getattr(d, "prune_chunk", 32)))
 
     def rule(self, k: int) -> str:
         pool = f"candidates: the {k} highest screen scores (even if zero or negative)"
@@ -43,7 +53,12 @@ class SearchSpec:
             how = f"greedy forward selection with beam {self.beam}, adding one head per size"
         stop = (f"stop when a size's best set is not at least {self.min_gain:g} points above the best so far, or at "
                 f"{self.max_heads} heads; selection = best discovery accuracy (ties: fewer heads, then head text)")
-        return f"{pool}; {how}; {stop}"
+        rule = f"{pool}; {how}; {stop}"
+        if self.prune:
+            rule += (f"; exact pruning: sets scored on {self.prune_chunk}, {2 * self.prune_chunk}, ... examples, a set "
+                     "dropped once its correct count plus its unseen examples is below the final count of the "
+                     "beam-th best completed set (it cannot enter the beam; the selection is unchanged)")
+        return rule
 
 
 @dataclass
@@ -70,6 +85,63 @@ def _order(item: tuple[tuple[Head, ...], float]) -> tuple:
     return (-acc, len(heads), format_heads(heads))
 
 
+def looks(n: int, chunk: int) -> list[int]:
+    """Example counts after which pruning decisions are made: chunk, 2*chunk, 4*chunk, ..., then n."""
+    marks, k = [], max(1, chunk)
+    while k < n:
+        marks.append(k)
+        k *= 2
+    return marks + [n]
+
+
+def _ranked(scorer: Scorer, sets: list[tuple[Head, ...]], need: int, spec: SearchSpec,
+            seen: dict[str, int]) -> list[tuple[tuple[Head, ...], float]]:
+    """Sets best first, exact for every set that can be among the top `need`; pruned sets follow.
+
+    `seen[key]` gets the examples each set was scored on (n = complete). Pruned sets carry their accuracy on
+    the examples they saw; they rank after every completed set (they are provably below `need` of them).
+    """
+    n = scorer.n
+    if not spec.prune or n == 0 or len(sets) <= need:
+        scorer.ensure(sets, stage=STAGE)
+        for s in sets:
+            seen[format_heads(s)] = n
+        return sorted(((s, scorer.accuracy(s)) for s in sets), key=_order)
+    final: dict[str, int] = {}  # key -> correct count on all n examples
+    partial: dict[str, tuple[int, int]] = {}  # key -> (correct so far, examples seen)
+    alive = list(sets)
+
+    def complete(group: list[tuple[Head, ...]]) -> None:
+        for s, b in zip(group, scorer.ensure(group, stage=STAGE)):
+            final[format_heads(s)] = int(b.sum())
+
+    def bar() -> int:  # the need-th best final count so far; -1 until `need` sets are complete
+        counts = sorted(final.values(), reverse=True)
+        return counts[need - 1] if len(counts) >= need else -1
+
+    for m in looks(n, spec.prune_chunk):
+        todo = [s for s in alive if format_heads(s) not in final]
+        for s, b in zip(todo, scorer.ensure(todo, upto=m, stage=STAGE)):
+            partial[format_heads(s)] = (int(b.sum()), m)
+            if m == n:
+                final[format_heads(s)] = int(b.sum())
+        if len(final) < need:  # complete the most promising sets so the bar is known early
+            open_ = sorted((s for s in alive if format_heads(s) not in final),
+                           key=lambda s: (-partial[format_heads(s)][0], len(s), format_heads(s)))
+            complete(open_[: need - len(final)])
+        t = bar()
+        alive = [s for s in alive if format_heads(s) in final or partial[format_heads(s)][0] + (n - m) >= t]
+    done = [s for s in sets if format_heads(s) in final]
+    dropped = [s for s in sets if format_heads(s) not in final]
+    for s in done:
+        seen[format_heads(s)] = n
+    for s in dropped:
+        seen[format_heads(s)] = partial[format_heads(s)][1]
+    ranked = sorted(((s, final[format_heads(s)] / n) for s in done), key=_order)
+    tail = sorted(((s, partial[format_heads(s)][0] / partial[format_heads(s)][1]) for s in dropped), key=_order)
+    return ranked + tail
+
+
 def joint_search(
     scorer: Scorer,
     candidates: Sequence[Head],
@@ -82,20 +154,33 @@ def joint_search(
     (intact,) = scorer.ensure([()], stage=STAGE)
     intact_acc = float(intact.mean()) if scorer.n else 0.0
     trace: list[dict[str, Any]] = []
-    tried: set[str] = set()
+    tried: dict[str, int] = {}  # key -> examples seen
+    pruned = 0
 
-    def evaluate(sets: list[tuple[Head, ...]]) -> list[tuple[tuple[Head, ...], float]]:
+    def evaluate(sets: list[tuple[Head, ...]], need: int) -> list[tuple[tuple[Head, ...], float]]:
+        """Sets ranked best first; exact for the top `need` (pruning may cut the rest short)."""
+        nonlocal pruned
         fresh = []
         for s in sets:
             key = format_heads(s)
             if key not in tried:
-                tried.add(key)
+                tried[key] = 0
                 fresh.append(s)
-        scorer.ensure(fresh, stage=STAGE)
-        for s in fresh:
-            acc = scorer.accuracy(s)
-            trace.append({"heads": format_heads(s), "size": len(s), "acc": acc, "gain": 100.0 * (acc - intact_acc)})
-        return sorted(((s, scorer.accuracy(s)) for s in sets), key=_order)
+        seen: dict[str, int] = {}
+        ranked = _ranked(scorer, fresh, max(1, need), spec, seen)
+        for s, acc in ranked:
+            key = format_heads(s)
+            tried[key] = m = seen[key]
+            entry: dict[str, Any] = {"heads": key, "size": len(s), "acc": acc, "gain": 100.0 * (acc - intact_acc)}
+            if m < scorer.n:  # pruned: accuracy and paired gain on the examples it saw
+                pruned += 1
+                entry.update(n=m, pruned=True, gain=100.0 * (acc - float(intact[:m].mean())))
+            trace.append(entry)
+        known = {format_heads(s): a for s, a in ranked}
+        old = [(s, scorer.accuracy(s)) for s in sets
+               if format_heads(s) not in known and tried.get(format_heads(s)) == scorer.n]
+        full = sorted([x for x in ranked if tried[format_heads(x[0])] == scorer.n] + old, key=_order)
+        return full + [x for x in ranked if tried[format_heads(x[0])] < scorer.n]
 
     def pool_for(size: int) -> list[Head]:
         if spec.first_additions_all_heads and size <= ALL_HEADS_ADDITIONS:
@@ -109,7 +194,8 @@ def joint_search(
         size_cap = min(spec.exhaustive_size, spec.max_heads, len(pool))
         last: list[tuple[tuple[Head, ...], float]] = []
         for size in range(1, size_cap + 1):
-            last = evaluate([tuple(sorted(c)) for c in combinations(sorted(pool), size)])
+            need = spec.beam if size == size_cap and size < spec.max_heads else 1
+            last = evaluate([tuple(sorted(c)) for c in combinations(sorted(pool), size)], need)
             if last and last[0][1] * 100.0 >= best[1] * 100.0 + spec.min_gain - 1e-9:
                 best = last[0]
             reporter(StageProgress(STAGE, size, spec.max_heads))
@@ -124,7 +210,7 @@ def joint_search(
                     expansions.setdefault(format_heads(s), s)
         if not expansions:
             break
-        scored = evaluate([expansions[k] for k in sorted(expansions)])
+        scored = evaluate([expansions[k] for k in sorted(expansions)], spec.beam if size < spec.max_heads else 1)
         reporter(StageProgress(STAGE, size, spec.max_heads))
         top = scored[0]
         if top[1] * 100.0 < best[1] * 100.0 + spec.min_gain - 1e-9:
@@ -135,6 +221,7 @@ def joint_search(
         rule=spec.rule(len(pool)), intact_acc=intact_acc, selected=best[0], selected_acc=best[1], trace=trace,
         evaluations=len(trace), candidates=pool,
     )
+    note = f", {pruned} pruned" if pruned else ""
     reporter(StageFinished(STAGE, f"selected {format_heads(best[0]) or '(none)'}: "
-                                  f"{100 * best[1]:.2f}% vs intact {100 * intact_acc:.2f}% ({len(trace)} sets)"))
+                                  f"{100 * best[1]:.2f}% vs intact {100 * intact_acc:.2f}% ({len(trace)} sets{note})"))
     return result
