@@ -147,11 +147,26 @@ def discover(
     else:
         if recipe is None or not getattr(recipe, "source_text", ""):
             raise RecipeError("discover needs a recipe loaded from TOML text", "use load_recipe(path)")
+        _preflight(recipe)
         run = Run.create(Path(run_dir) if run_dir else default_run_dir(recipe.name), recipe.source_text,
                          _run_info(recipe))
     with run.lock(), run.journal() as journal:
         _discover(run, recipe, journal, reporter, cancel)
     return run.path
+
+
+def _preflight(recipe: Any) -> None:
+    """Every cheap check that can fail, before a run folder exists (a refused run leaves nothing behind)."""
+    from .loading import check_remote_code, check_shapes, read_config, resolve_model, weight_files
+    from .tasks import get_task
+
+    source = resolve_model(recipe.model.id, recipe.model.revision)
+    config = read_config(source.path)
+    check_remote_code(config, recipe.model.trust_remote_code)
+    check_shapes(HeadLayout.from_config(config), weight_files(source.path))
+    task = get_task(recipe.task.name)
+    load_split(recipe, task, DISCOVERY)
+    load_split(recipe, task, "heldout")  # sizes larger than the data fail now, not after discovery
 
 
 def _discover(run: Run, recipe: Any, journal: Journal, reporter: Reporter, cancel: threading.Event | None,

@@ -9,5 +9,12 @@ import os
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread everywhere (this process and every CLI subprocess), so logits computed in-process and in a
+# subprocess use the same kernels and compare bit for bit.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402  (torch does not read HF_ENDPOINT; the hub plugin below still runs first for HF libs)
+
+torch.set_num_threads(1)
 
 pytest_plugins = ["hub.fixtures"]

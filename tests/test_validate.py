@@ -33,7 +33,7 @@ def test_render_validation_table() -> None:
               "side_tasks": [{**_row(-96.5, -97.3, -95.6, 1e-300), "task": "copy-first"}]}
     text = _text(render_validation(result))
     assert "0.1,0.3" in text and "copy-second" in text and "side: copy-first" in text
-    assert "+96.90" in text and "-96.50" in text and "[+95.8, +97.8]" in text and "2000" in text
+    assert "+96.90" in text and "-96.50" in text and "[+95.8,+97.8]" in text and "2000" in text
     assert "98.9%" in text  # relative error reduction 96.9 / 98
 
 
