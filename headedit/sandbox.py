@@ -315,12 +315,14 @@ def run_program(code: str, tests: Sequence[str], setup: str = "", timeout_s: flo
                                         start_new_session=True, close_fds=True)
             except OSError as err:
                 return SandboxResult(False, "error", f"could not start the sandbox: {err}")
+            started = time.monotonic()
             exited = _wait_unreaped(proc.pid, time.monotonic() + float(timeout_s) + GRACE_S)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group; the leader is still unreaped
             except (ProcessLookupError, PermissionError):
                 pass
             returncode = proc.wait()
+            ran_s = time.monotonic() - started
         report = _read_tail(work / "status").strip()
         if report == nonce:
             return SandboxResult(True, "passed", "")
@@ -332,6 +334,10 @@ def run_program(code: str, tests: Sequence[str], setup: str = "", timeout_s: flo
             return SandboxResult(False, "failed", report[len("failed: "):])
         if report.startswith("error"):
             return SandboxResult(False, "error", report[len("error: "):])
+        if ran_s >= float(timeout_s) and returncode != 0:
+            # Outlived its budget and died without a report: the CPU-time rlimit (SIGXCPU, then SIGKILL) or
+            # the backstop stopped it. Under `unshare --kill-child` the signal is not passed on (exit 1).
+            return SandboxResult(False, "timeout", f"stopped by the CPU-time limit after {ran_s:.1f}s")
         if returncode < 0 or returncode >= 128:
             signum = -returncode if returncode < 0 else returncode - 128
             try:

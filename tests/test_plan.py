@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 
 from headedit.cli import main as cli_main
@@ -133,13 +134,17 @@ def test_search_bound_covers_the_real_search() -> None:
     from headedit.discovery.search import SearchSpec, joint_search
 
     class Always:  # accuracy grows with set size, so the search never stops early
-        n = 10
-
-        def ensure(self, sets, stage=""):
-            return [torch.zeros(10, dtype=torch.bool).numpy() for _ in sets]
+        n = 1000
 
         def accuracy(self, s):
             return min(1.0, 0.1 * len(s) + 0.001 * sum(h.head + 4 * h.layer for h in s))
+
+        def bits(self, s):  # correctness consistent with accuracy(): the first acc*n examples right
+            return np.arange(self.n) < round(self.accuracy(s) * self.n)
+
+        def ensure(self, sets, upto=None, stage=""):
+            upto = self.n if upto is None else upto
+            return [self.bits(tuple(s))[:upto] for s in sets]
 
     heads = [Head(layer, head) for layer in range(3) for head in range(4)]
     for text in ("candidates = 6\nmax_heads = 4\nbeam = 2", "candidates = 5\nmax_heads = 3\nbeam = 3\n"
