@@ -24,17 +24,10 @@ from .engine_batch import (
     Batch, Plan, PrefilledTokenizer, make_batches, plan_example, repeat_batch_inputs, shift_batch, stop_token_id,
     texts_to_encode,
 )
+from .engine_scores import RawScores, reduce_scores, spans as _spans, to_host as _to_host
 from .engine_prefix import HiddenCache, gathered_mlp_ok, logits_at, run_decoder
 from .heads import Head, HeadLayout
 from .tasks.base import Example, Task
-
-
-@dataclass
-class RawScores:
-    """Per gather of one batch under one ablation set: log-probability of the target and the argmax token."""
-
-    logprob: np.ndarray  # [n_gathers] float64
-    argmax: np.ndarray  # [n_gathers] int64
 
 
 @dataclass
@@ -133,7 +126,7 @@ class Engine:
         out = np.zeros((len(sets), len(examples)), dtype=bool)
         for s in range(len(sets)):
             for batch, scores in raw[s]:
-                self._reduce(task, examples, batch, scores, out[s])
+                reduce_scores(task, examples, batch, scores, out[s])
         return out
 
     def range_eval(self, task: Task, examples: Sequence[Example], block: int | None = None, doubling: bool = False):
@@ -189,14 +182,15 @@ class Engine:
             plans, keep = self.plans(task, examples), list(range(len(examples)))
         for batch in self.batches([plans[i] for i in range(len(plans))]):
             rows, poss, toks, exs = [], [], [], []
+            all_rows, all_pos = batch.gather_row.tolist(), batch.gather_pos.tolist()  # one transfer each
             for i in range(len(batch.gather_member)):
                 member = batch.gather_member[i]
                 ex = examples[keep[member]]
                 if task.kind == "choice" and batch.gather_group[i] != ex.label:
                     continue
-                rows.append(int(batch.gather_row[i]))
-                poss.append(int(batch.gather_pos[i]))
-                toks.append(int(batch.gather_tok[i]))
+                rows.append(all_rows[i])
+                poss.append(all_pos[i])
+                toks.append(int(batch.gather_tok_host[i]))
                 exs.append(keep[member])
             dev = batch.input_ids.device
             yield TargetBatch(
@@ -266,6 +260,7 @@ class Engine:
                             out[s].append((batch, sc))
         finally:
             ablation.detach()
+        _to_host({id(sc): sc for row in out for _, sc in row}.values())
         return out
 
     def _node(self, batch: Batch, base: tuple[Head, ...], layer: int, attn: bool = False) -> tuple:
@@ -378,45 +373,6 @@ class Engine:
         logits = logits_at(self.model, final, rows, batch.gather_pos.repeat(k))  # [set*n, vocab]
         logp = torch.log_softmax(logits, dim=-1)
         toks = batch.gather_tok.repeat(k)
-        lp = logp.gather(1, toks[:, None])[:, 0].double().cpu().numpy()
-        am = logits.argmax(dim=-1).cpu().numpy()
+        lp = logp.gather(1, toks[:, None])[:, 0].double()  # [set*n]
+        am = logits.argmax(dim=-1)  # [set*n]
         return [RawScores(lp[i * n:(i + 1) * n], am[i * n:(i + 1) * n]) for i in range(k)]
-
-    # ---- reductions -----------------------------------------------------------------------
-    def _reduce(self, task: Task, examples: Sequence[Example], batch: Batch, sc: RawScores, out: np.ndarray) -> None:
-        tok = batch.gather_tok.cpu().numpy()
-        if task.kind == "exact":
-            ok: dict[int, bool] = {m: True for m in batch.members}
-            for i, m in enumerate(batch.gather_member):
-                if sc.argmax[i] != tok[i]:
-                    ok[m] = False
-            for m, v in ok.items():
-                out[m] = v
-            return
-        totals: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-        for i, m in enumerate(batch.gather_member):
-            totals[m][batch.gather_group[i]] += float(sc.logprob[i])
-        for m in batch.members:
-            ex = examples[m]
-            scores = [totals[m][k] for k in range(len(ex.choices))]
-            if task.length_normalize:
-                lengths = ex.meta.get("choice_lengths") or [len(c.encode("utf-8")) for c in ex.choices]
-                scores = [s / max(1, n) for s, n in zip(scores, lengths)]
-            out[m] = int(np.argmax(scores)) == ex.label
-
-
-def _spans(n: int, offset: int, block: int | None, doubling: bool = False) -> list[tuple[int, int]] | None:
-    """[a, b) ranges of a call's examples that never straddle a cut in split coordinates: the multiples of
-    `block`, or with `doubling` the points block, 2*block, 4*block, ..."""
-    if not block or block <= 0:
-        return None
-    if doubling:
-        marks, k = [], block
-        while k < offset + n:
-            if k > offset:
-                marks.append(k - offset)
-            k *= 2
-    else:
-        marks = [k * block - offset for k in range(offset // block + 1, (offset + n - 1) // block + 1)]
-    cuts = [0] + marks + [n]
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from .tasks.base import Example, Task
@@ -157,6 +158,7 @@ class Batch:
     gather_tok: torch.Tensor  # [n_gathers]
     gather_member: list[int]  # [n_gathers] which member (row) each gather belongs to
     gather_group: list[int]  # [n_gathers]
+    gather_tok_host: np.ndarray | None = None  # [n_gathers] the same tokens on the host (no sync to read them)
 
     @property
     def rows(self) -> int:
@@ -221,15 +223,25 @@ def _pad(plans: list[Plan], members: list[int], pad_id: int, dtype: torch.dtype,
     return Batch(
         key=key,
         members=list(members),
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=pos.to(device) if pos is not None else None,
-        gather_row=torch.tensor(rows, dtype=torch.long, device=device),
-        gather_pos=torch.tensor(poss, dtype=torch.long, device=device),
-        gather_tok=torch.tensor(toks, dtype=torch.long, device=device),
+        input_ids=to_device(ids, device),
+        attention_mask=to_device(mask, device),
+        position_ids=to_device(pos, device) if pos is not None else None,
+        gather_row=to_device(torch.tensor(rows, dtype=torch.long), device),
+        gather_pos=to_device(torch.tensor(poss, dtype=torch.long), device),
+        gather_tok=to_device(torch.tensor(toks, dtype=torch.long), device),
         gather_member=mem,
         gather_group=groups,
+        gather_tok_host=np.asarray(toks, dtype=np.int64),
     )
+
+
+def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:
+    """Host tensor to `device`; to CUDA through pinned memory without blocking the host (the copy is ordered
+    on the stream before any kernel that reads it)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def _trim(plan: Plan) -> Plan:

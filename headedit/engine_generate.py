@@ -143,7 +143,7 @@ def generate_correctness(engine: "Engine", task: Task, examples: list[Example], 
         for s, per_batch in zip(ablated, raw):
             diverge: dict[int, int] = {}  # plan index -> first draft position whose argmax differs
             for batch, sc in per_batch:
-                wrong = sc.argmax != batch.gather_tok.cpu().numpy()  # [n_gathers]
+                wrong = sc.argmax != batch.gather_tok_host  # [n_gathers]
                 seen: dict[int, int] = {}
                 for i, member in enumerate(batch.gather_member):  # gathers of a member are in draft order
                     j = seen.get(member, 0)

@@ -174,7 +174,8 @@ def test_retraining_reproduces_the_effect(tmp_path):
 
 
 def test_train_is_seeded_atomic_and_reports(tmp_path):
-    """A few steps: same seed gives identical weights, another seed does not; safetensors only; no overwrite."""
+    """A few steps: same seed (and thread count) gives identical weights, another seed does not; safetensors
+    only; no overwrite. Across thread counts the last bits may differ on some CPUs, so that is not asserted."""
     from safetensors.torch import load_file
 
     from headedit.demo.train import train
@@ -183,7 +184,7 @@ def test_train_is_seeded_atomic_and_reports(tmp_path):
 
     events = []
     a = train(tmp_path / "a", seed=0, steps=5, reporter=events.append, threads=1)
-    b = train(tmp_path / "b", seed=0, steps=5, threads=2)
+    b = train(tmp_path / "b", seed=0, steps=5, threads=1)
     c = train(tmp_path / "c", seed=1, steps=5, threads=1)
     wa, wb, wc = (load_file(p / "model.safetensors") for p in (a, b, c))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -220,3 +220,16 @@ def test_generated_rows_are_checked_with_check_many(tiny):
     assert len(task.calls) == 2 and task.calls[0] == len(examples)  # the drafts, then every diverging row at once
     for s, hs in enumerate(SETS):
         assert list(got[s]) == list(reference_correctness(model, tok, layout, task, examples, hs)), hs
+
+
+def test_scores_reach_the_host_in_one_transfer_with_every_slice_in_place() -> None:
+    from headedit.engine_scores import RawScores, to_host
+
+    a = RawScores(torch.tensor([-1.0, -2.0], dtype=torch.float64), torch.tensor([3, 4]))
+    b = RawScores(torch.tensor([-5.0], dtype=torch.float64), torch.tensor([7]))
+    done = RawScores(np.array([-9.0]), np.array([1]))  # already on the host: left alone
+    to_host([a, b, done])
+    assert isinstance(a.logprob, np.ndarray) and isinstance(b.argmax, np.ndarray)
+    assert a.logprob.tolist() == [-1.0, -2.0] and a.argmax.tolist() == [3, 4]
+    assert b.logprob.tolist() == [-5.0] and b.argmax.tolist() == [7]
+    assert done.logprob.tolist() == [-9.0]
