@@ -8,7 +8,16 @@ __version__ = "0.1.0"
 
 from .errors import HeadeditError
 from .heads import Head, HeadLayout, canonical_heads, format_heads, parse_heads
-from .ablation import HeadAblation, ablate, heads_to_mask
+
+_LAZY = {"HeadAblation", "ablate", "heads_to_mask"}  # need torch: imported on first use, so the CLI starts fast
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import ablation
+
+        return getattr(ablation, name)
+    raise AttributeError(f"module 'headedit' has no attribute {name!r}")
 
 __all__ = [
     "__version__", "HeadeditError", "Head", "HeadLayout", "parse_heads", "format_heads", "canonical_heads",

@@ -6,7 +6,6 @@ choice for multiple choice. The engine must give identical per-example results.
 """
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from typing import Any, Sequence
@@ -129,31 +128,3 @@ def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data
         "reference_s": t_ref, "engine_s": t_engine, "speedup": t_ref / max(t_engine, 1e-9),
         "identical": bool(np.array_equal(ref, got)), "accuracy": got.mean(axis=1).tolist(),
     }
-
-
-def add_bench_parser(sub: Any) -> None:
-    """Registers `headedit bench eval` (found by `headedit.commands.bench`)."""
-    p = sub.add_parser("eval", help="engine vs plain reference evaluation: time and identical results")
-    p.add_argument("--task", default="arithmetic", help="task name (default arithmetic)")
-    p.add_argument("--n", type=int, default=32, help="examples (default 32)")
-    p.add_argument("--sets", type=int, default=4, help="ablation sets: intact plus single heads (default 4)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--data-dir", default=None, help="local data folder (default $HEADEDIT_DATA_DIR)")
-    p.set_defaults(bench_func=_cli)
-
-
-def _cli(args: argparse.Namespace, console: Any) -> int:
-    from .errors import HeadeditError
-    from .tasks import get_task
-
-    if args.n < 1 or args.sets < 1 or args.batch_size < 1:
-        raise HeadeditError("--n, --sets and --batch-size must be at least 1", "e.g. --n 32 --sets 4")
-    task = get_task(args.task)
-    result = run_bench(task, args.n, args.sets, args.batch_size, args.data_dir)
-    console.print(f"task {result['task']}: {result['examples']} examples x {result['sets']} ablation sets "
-                  f"({result['source']}), tiny random Llama, threads {torch.get_num_threads()}")
-    console.print("accuracy per set (intact first): " + ", ".join(f"{a:.3f}" for a in result["accuracy"]))
-    console.print(f"reference: {result['reference_s']:.2f} s   engine: {result['engine_s']:.2f} s")
-    console.print(f"speedup: {result['speedup']:.1f}x identical: {'yes' if result['identical'] else 'no'}",
-                  highlight=False)
-    return 0 if result["identical"] else 1

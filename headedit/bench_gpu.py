@@ -14,9 +14,7 @@ byte-level `tiny_tokenizer` (longer sequences than the real one, ids valid for t
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -148,53 +146,3 @@ def run_bench(model: Any, n: int = 128, naive_sets: int = 3, naive_n: int = 16, 
         "gpu": torch.cuda.get_device_name(engine.device) if cuda else "cpu",
         "peak_mem_gib": torch.cuda.max_memory_allocated(engine.device) / 2**30 if cuda else 0.0,
     }
-
-
-def add_bench_parser(sub: Any) -> None:
-    """Registers `headedit bench gpu` (found by `headedit.commands.bench`)."""
-    p = sub.add_parser("gpu", help="single screen at SmolLM3-3B shapes on CUDA: examples/s, TFLOP/s, fast/naive ratio")
-    p.add_argument("--config", default=None, help=f"real config.json (default $HEADEDIT_DATA_DIR/../tokenizers/{DEFAULT_CONFIG})")
-    p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--n", type=int, default=128, help="arithmetic examples screened (default 128)")
-    p.add_argument("--naive-sets", type=int, default=3, help="sets the naive loop times (default 3, intact first)")
-    p.add_argument("--naive-n", type=int, default=16, help="examples the naive loop times (default 16)")
-    p.add_argument("--batch-size", default="auto", help='"auto" (probe on CUDA) or an integer')
-    p.add_argument("--tiny", action="store_true", help="a 2-layer toy on CPU in float32: smoke test of this bench")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(bench_func=_cli)
-
-
-def _cli(args: argparse.Namespace, console: Any) -> int:
-    if args.n < 1 or args.naive_sets < 1 or args.naive_n < 1 or args.naive_n > args.n:
-        raise HeadeditError("--n, --naive-sets and --naive-n must be at least 1, --naive-n at most --n", "e.g. --n 128")
-    batch: int | str = args.batch_size
-    if batch != "auto":
-        if not str(batch).isdigit() or int(batch) < 1:
-            raise HeadeditError(f"--batch-size must be auto or a positive integer, got {batch!r}", "e.g. --batch-size 64")
-        batch = int(batch)
-    device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise HeadeditError("--device cuda but no CUDA GPU is visible", "run on a GPU machine, or --tiny for a CPU smoke test")
-    dtype = torch.float32 if args.tiny or device == "cpu" else getattr(torch, args.dtype)
-    config = Path(args.config) if args.config else (
-        Path(os.environ["HEADEDIT_DATA_DIR"]).parent / "tokenizers" / DEFAULT_CONFIG
-        if os.environ.get("HEADEDIT_DATA_DIR") else None)
-    start = time.perf_counter()
-    model, label = build_model(config, device, dtype, args.tiny)
-    built = time.perf_counter() - start
-    r = run_bench(model, args.n, args.naive_sets, args.naive_n, batch)
-    r.update(model=label, build_s=built)
-    if args.json:
-        console.print_json(json.dumps(r))
-        return 0 if r["identical"] else 1
-    out = lambda text: console.print(text, soft_wrap=True, highlight=False, markup=False)  # noqa: E731
-    out(f"{label} on {r['gpu']} ({r['device']}, {r['dtype']}, sdpa), built in {r['build_s']:.1f} s")
-    out(f"arithmetic (chat, non-thinking): {r['n']} examples, {r['tokens_mean']:.0f} tokens mean / {r['tokens_max']} max; "
-        f"{r['sets']} sets (intact + every head alone); batch {r['batch']['batch_size']} ({r['batch']['source']})")
-    out(f"fast: {r['fast_s']:.2f} s, {r['forwards']} forwards, {r['set_examples_per_s']:.0f} set-examples/s "
-        f"({r['examples_per_s']:.2f} screened examples/s), {r['fast_tflops']:.3g} TFLOP/s executed"
-        + (f", peak {r['peak_mem_gib']:.1f} GiB" if r["peak_mem_gib"] else ""))
-    out(f"naive: {r['naive_s']:.2f} s for {r['naive_set_examples']} set-examples (one generate per example per set)")
-    out(f"fast/naive: {r['ratio']:.1f}x per set-example  identical: {'yes' if r['identical'] else 'no'}")
-    return 0 if r["identical"] else 1

@@ -207,6 +207,10 @@ def load_model(
             raise ModelLoadError("spreading a model over devices (model.max_memory) needs the accelerate package",
                                  "pip install accelerate") from None
         placed = {"device_map": device_map, "max_memory": max_memory}
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # our own events say what is loading; its bar would garble ours
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.path, dtype=torch_dtype, use_safetensors=not allow_pickle or bool(files),
@@ -215,6 +219,9 @@ def load_model(
     except Exception as err:
         raise ModelLoadError(f"transformers could not load {source.id}: {type(err).__name__}: {err}".split("\n")[0],
                              "check the model files") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     if device_map is None:
         model.to(device)
     model.eval()

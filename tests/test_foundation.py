@@ -277,3 +277,13 @@ def test_import_headedit_does_not_import_textual():
     code = "import headedit, headedit.cli, headedit.bake, sys; assert 'textual' not in sys.modules, 'textual imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_cli_reports_bad_input_without_loading_torch():
+    """A mistyped path must answer at once: argument parsing and recipe checks never import torch."""
+    code = ("import sys; from headedit.cli import main; rc = main(['discover', '/no/such/recipe.toml']); "
+            "assert rc == 2, rc; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from headedit import ablate; assert 'torch' in sys.modules")  # the lazy export still works
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "recipe" in res.stderr and "not found" in res.stderr
