@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import HeadeditError, RunError
 from .events import Reporter, null_reporter
-from .runs import JOURNAL_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, now
+from .runs import JOURNAL_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, extend_entry
 
 STAGE_FILES = (SCREEN_FILE, SEARCH_FILE, SELECTION_FILE)
 
@@ -239,11 +239,7 @@ class MirrorJournal:
         return self._cache.get((split, heads))
 
     def put(self, split: str, heads: str, bits: np.ndarray, stage: str, new_examples: int) -> Entry:
-        bits = np.asarray(bits, dtype=bool).ravel()
-        old = self._cache.get((split, heads))
-        if old is not None and old.n >= bits.size:
-            return old
-        entry = Entry(split, heads, int(bits.size), bits, old.stage if old else stage, old.created if old else now())
+        entry = extend_entry(self._cache.get((split, heads)), split, heads, bits, stage)
         self._cache[(split, heads)] = entry
         return entry
 
@@ -328,20 +324,9 @@ def discover(recipe: Any = None, run_dir: str | Path | None = None, resume: bool
 
 def _open_main(recipe: Any, run_dir: str | Path | None, resume: bool, stack: ExitStack) -> tuple[Any, Any, Any]:
     """Rank 0: create or open the run folder, hold its lock and journal for the whole run."""
-    from .pipeline import _run_info, run_recipe
-    from .recipe import RecipeError
-    from .runs import Run, default_run_dir
+    from .pipeline import open_or_create_run
 
-    if resume:
-        if run_dir is None:
-            raise RunError("--resume needs the run folder", "headedit discover --resume RUN")
-        run = Run.open(Path(run_dir))
-        recipe = run_recipe(run)
-    else:
-        if recipe is None or not getattr(recipe, "source_text", ""):
-            raise RecipeError("discover needs a recipe loaded from TOML text", "use load_recipe(path)")
-        run = Run.create(Path(run_dir) if run_dir else default_run_dir(recipe.name), recipe.source_text,
-                         _run_info(recipe))
+    run, recipe = open_or_create_run(recipe, run_dir, resume)
     stack.enter_context(run.lock())
     journal = stack.enter_context(run.journal())
     return run, journal, recipe

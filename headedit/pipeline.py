@@ -139,20 +139,25 @@ def discover(
 
     if distributed.active():
         return distributed.discover(recipe, run_dir, resume, reporter, cancel)
+    run, recipe = open_or_create_run(recipe, run_dir, resume)
+    with run.lock(), run.journal() as journal:
+        _discover(run, recipe, journal, reporter, cancel)
+    return run.path
+
+
+def open_or_create_run(recipe: Any, run_dir: str | Path | None, resume: bool) -> tuple[Run, Any]:
+    """(run, recipe): the run to resume with its own recipe, or a new run folder after every cheap check."""
     if resume:
         if run_dir is None:
             raise RunError("--resume needs the run folder", "headedit discover --resume RUN")
         run = Run.open(Path(run_dir))
-        recipe = run_recipe(run)
-    else:
-        if recipe is None or not getattr(recipe, "source_text", ""):
-            raise RecipeError("discover needs a recipe loaded from TOML text", "use load_recipe(path)")
-        _preflight(recipe)
-        run = Run.create(Path(run_dir) if run_dir else default_run_dir(recipe.name), recipe.source_text,
-                         _run_info(recipe))
-    with run.lock(), run.journal() as journal:
-        _discover(run, recipe, journal, reporter, cancel)
-    return run.path
+        return run, run_recipe(run)
+    if recipe is None or not getattr(recipe, "source_text", ""):
+        raise RecipeError("discover needs a recipe loaded from TOML text", "use load_recipe(path)")
+    _preflight(recipe)
+    run = Run.create(Path(run_dir) if run_dir else default_run_dir(recipe.name), recipe.source_text,
+                     _run_info(recipe))
+    return run, recipe
 
 
 def _preflight(recipe: Any) -> None:

@@ -13,8 +13,8 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sqlite3
-import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -157,6 +157,17 @@ CREATE TABLE IF NOT EXISTS sessions (
 """
 
 
+def extend_entry(old: Entry | None, split: str, heads: str, bits: np.ndarray, stage: str) -> Entry:
+    """The entry after storing `bits` (a prefix of the split): `old` itself when it already covers as many
+    examples; a longer prefix must agree with `old` on the examples both saw (evaluation is deterministic)."""
+    bits = np.asarray(bits, dtype=bool).ravel()
+    if old is not None and old.n >= bits.size:
+        return old
+    if old is not None and not np.array_equal(old.bits, bits[: old.n]):
+        raise RunError(f"journal mismatch for {split} {heads!r}: evaluation is not deterministic", "start a new run")
+    return Entry(split, heads, int(bits.size), bits, old.stage if old else stage, old.created if old else now())
+
+
 class Journal:
     """SQLite journal of evaluations. One row per (split, head set): the correctness bits of a prefix.
 
@@ -208,13 +219,10 @@ class Journal:
 
     def put(self, split: str, heads: str, bits: np.ndarray, stage: str, new_examples: int) -> Entry:
         """Store the bits of a prefix (replacing a shorter one) and count `new_examples` of work."""
-        bits = np.asarray(bits, dtype=bool).ravel()
         old = self._cache.get((split, heads))
-        if old is not None and old.n >= bits.size:
+        entry = extend_entry(old, split, heads, bits, stage)
+        if entry is old:
             return old
-        if old is not None and not np.array_equal(old.bits, bits[: old.n]):
-            raise RunError(f"journal mismatch for {split} {heads!r}: evaluation is not deterministic", "start a new run")
-        entry = Entry(split, heads, int(bits.size), bits, old.stage if old else stage, old.created if old else now())
         blob = np.packbits(bits).tobytes()
         with self.db:  # one transaction: the row and the work counter land together or not at all
             self.db.execute("BEGIN")
@@ -281,11 +289,22 @@ class Run:
         if path.exists() and any(path.iterdir()):
             raise RunError(f"run folder {path} already exists and is not empty",
                            f"resume it with `headedit discover --resume {path}` or choose another --out")
-        path.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path / RECIPE_FILE, recipe_text)
-        record = {"format": RUN_FORMAT, **info}
-        record.setdefault("created", now())
-        write_json(path / RUN_FILE, record)
+        # Built in a hidden sibling and renamed into place: a crash leaves either no run or a whole one.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.creating-", dir=path.parent))
+        try:
+            write_text_atomic(tmp / RECIPE_FILE, recipe_text)
+            record = {"format": RUN_FORMAT, **info}
+            record.setdefault("created", now())
+            write_json(tmp / RUN_FILE, record)
+            os.rename(tmp, path)  # replaces an empty folder, refuses a non-empty one
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if path.exists() and any(path.iterdir()):
+                raise RunError(f"run folder {path} already exists and is not empty",
+                               "choose another --out") from None
+            raise RunError(f"could not create run folder {path}: {err.strerror or err}",
+                           "check that the folder is writable") from None
         return cls(path, record)
 
     @classmethod
@@ -320,6 +339,6 @@ def default_run_dir(name: str, root: Path | None = None) -> Path:
 
 
 __all__ = [
-    "RUN_FORMAT", "Journal", "Entry", "Run", "run_lock", "environment", "weight_hashes", "sha256_file",
+    "RUN_FORMAT", "Journal", "Entry", "extend_entry", "Run", "run_lock", "environment", "weight_hashes", "sha256_file",
     "write_json", "read_json", "write_text_atomic", "default_run_dir", "now",
 ]

@@ -66,6 +66,7 @@ def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: s
 
 
 def validate_run(run_dir: Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
+    from .autobatch import resolve_batch
     from .bake import bake
     from .errors import RunError
     from .pipeline import load_for, load_split, run_recipe
@@ -81,6 +82,8 @@ def validate_run(run_dir: Path, reporter: Reporter = null_reporter, cancel: thre
         heads = format_heads(parse_heads(str(selection.get("heads", "")), loaded.layout))
         tasks = [loaded.task] + [get_task(name) for name in recipe.validation.side_tasks]
         splits = {t.name: list(load_split(recipe, t, "heldout", recipe.task.heldout).examples) for t in tasks}
+        # "auto" batch: the size probed during discovery (kept in run.json) for this device, else probe now
+        resolve_batch(loaded.engine, recipe.model.batch_size, loaded.task, splits[loaded.task.name], run, reporter)
         total = sum(len(v) for v in splits.values()) * (2 if heads else 1)
         reporter(StageStarted(STAGE, total=total, description=f"held-out validation of {heads or '(no heads)'}"))
         done = [0]
@@ -99,6 +102,8 @@ def validate_run(run_dir: Path, reporter: Reporter = null_reporter, cancel: thre
                 baked = bake(recipe.model.id, heads, tmp / "model", revision=recipe.model.revision)
                 reporter(Log(f"baked {heads} into a temporary export; reloading it"))
                 edited_model = load_for(recipe, model_id=str(baked), reporter=reporter)
+                resolve_batch(edited_model.engine, recipe.model.batch_size, edited_model.task,
+                              splits[edited_model.task.name], run, reporter)
                 edited = {t.name: _bits(journal, edited_model.engine, t, splits[t.name],
                                         _split_key(t.name, tasks[0].name), heads, "validate:baked", tick, cancel)
                           for t in tasks}

@@ -93,3 +93,23 @@ def test_lock_refuses_second_process_and_dies_with_holder(tmp_path) -> None:
     time.sleep(0.05)
     with run_lock(tmp_path):  # kill -9 released it: no stale lock
         pass
+
+
+def test_run_creation_is_all_or_nothing(tmp_path) -> None:
+    """A process killed while creating a run leaves no half run folder behind at the target."""
+    target = tmp_path / "runs" / "r1"
+    code = (
+        "import os, sys, headedit.runs as r\n"
+        "r.write_json = lambda path, obj: os._exit(9)  # die after the recipe, before run.json\n"
+        f"r.Run.create(__import__('pathlib').Path({str(target)!r}), 'name = \"x\"', {{}})\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 9, res.stderr
+    assert not target.exists()  # only a hidden .r1.creating-* sibling may remain
+    run = Run.create(target, 'name = "x"\n', {"name": "x"})
+    assert (target / "run.json").is_file() and (target / "recipe.toml").read_text() == 'name = "x"\n'
+    assert Run.open(target).info["name"] == "x"
+    assert sorted(p.name for p in target.parent.iterdir() if not p.name.startswith(".")) == ["r1"]
+    with pytest.raises(RunError):
+        Run.create(target, 'name = "y"\n', {})
+    assert run.path == target and (target / "recipe.toml").read_text() == 'name = "x"\n'
