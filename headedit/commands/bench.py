@@ -39,6 +39,15 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--repeat", type=int, default=3, help="timings of (b) and (c), each from cold; the fastest counts")
     d.set_defaults(bench_func=_discover)
 
+    c = benches.add_parser("screens", help="single vs compressed vs gradient screen: cost and top-k agreement")
+    c.add_argument("--model", default=None, help="model folder or id (default: the bundled demo)")
+    c.add_argument("--task", default=None, help="task (default copy-second for the demo)")
+    c.add_argument("--n", type=int, default=1000, help="discovery examples (default 1000)")
+    c.add_argument("--k", type=int, default=4, help="top-k compared with the single screen (default 4)")
+    c.add_argument("--fraction", type=float, default=0.25, help="share of heads each knockout removes (default 0.25)")
+    c.add_argument("--sets", type=int, default=None, help="knockout sets (default half the heads, at least 8)")
+    c.set_defaults(bench_func=_screens)
+
     g = benches.add_parser("gpu", help="single screen at SmolLM3-3B shapes on CUDA: examples/s, TFLOP/s, fast/naive ratio")
     g.add_argument("--config", default=None,
                    help="real config.json (default: SmolLM3-3B's, under $HEADEDIT_DATA_DIR/../tokenizers)")
@@ -105,6 +114,27 @@ def _discover(args: argparse.Namespace, console: Any) -> int:
     _print(console, f"a/c: {r['speedup_vs_naive']:.1f}x   b/c: {r['speedup_vs_batched']:.1f}x   (CPU time b/c: {cpu:.1f}x)")
     _print(console, f"speedup: {r['speedup_vs_naive']:.1f}x identical: {'yes' if r['identical'] else 'no'}")
     return 0 if r["identical"] else 1
+
+
+def _screens(args: argparse.Namespace, console: Any) -> int:
+    if args.n < 1 or args.k < 1 or (args.sets is not None and args.sets < 2) or not 0 < args.fraction < 1:
+        raise HeadeditError("--n and --k must be at least 1, --sets at least 2, --fraction between 0 and 1",
+                            "e.g. --n 1000 --k 4 --fraction 0.25")
+    from ..bench_discover import model_and_task
+    from ..bench_screens import run_screens
+
+    model, tokenizer, task, examples, source = model_and_task(args.model, args.task or (
+        "copy-second" if args.model in (None, "headedit:demo") else None), args.n)
+    r = run_screens(model, tokenizer, task, examples, k=args.k, fraction=args.fraction, sets=args.sets)
+    _print(console, f"{source}: {r['n']} examples, {r['heads']} heads; compressed: {r['knockout_sets']} knockout "
+                    f"sets of {r['fraction']:.0%} of the heads")
+    for name in ("single", "compressed", "gradient"):
+        p = r[name]
+        cost = ("one forward+backward per batch on the intact model" if name == "gradient"
+                else f"{p['ablated_sets']} ablated sets, {p['set_examples']} set-examples")
+        _print(console, f"{name:<10} {p['seconds']:6.2f} s  {cost}; top-{r['k']}: {', '.join(p['top'])}; "
+                        f"overlap with single: {p['overlap_with_single']:.0%}")
+    return 0
 
 
 def _gpu(args: argparse.Namespace, console: Any) -> int:
