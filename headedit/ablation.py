@@ -66,7 +66,7 @@ class HeadAblation:
             if not bool(layer_mask.any()):
                 continue
             cols = self.layout.column_mask(~layer_mask)  # [rows, head * d_head]
-            keep[layer] = cols.unsqueeze(1).to(device)  # [rows, 1, head * d_head]
+            keep[layer] = to_device(cols.unsqueeze(1), device)  # [rows, 1, head * d_head]
         self._keep_cols = keep
         self._rows = rows
 
@@ -101,6 +101,15 @@ class HeadAblation:
             handle.remove()
         self._handles = []
         self.clear()
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Host tensor to `device`; to CUDA through pinned memory without blocking the host (the copy is ordered
+    on the stream before any kernel that reads it)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 @contextmanager

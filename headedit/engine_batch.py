@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .ablation import to_device
 from .tasks.base import Example, Task
 
 
@@ -233,15 +234,6 @@ def _pad(plans: list[Plan], members: list[int], pad_id: int, dtype: torch.dtype,
         gather_group=groups,
         gather_tok_host=np.asarray(toks, dtype=np.int64),
     )
-
-
-def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:
-    """Host tensor to `device`; to CUDA through pinned memory without blocking the host (the copy is ordered
-    on the stream before any kernel that reads it)."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return t.to(dev)
-    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def _trim(plan: Plan) -> Plan:
