@@ -103,6 +103,14 @@ def stop_token_id(model: Any, tokenizer: Any) -> int | None:
     return eos if eos is not None else tokenizer.eos_token_id
 
 
+def answer_stop_id(tokenizer: Any, token: str) -> int:
+    """Id of a task's stop token, which must be one token of the vocabulary (else the task cannot be scored)."""
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(tid, int) or tid == tokenizer.unk_token_id and token != tokenizer.unk_token:
+        raise ValueError(f"stop token {token!r} is not a single token of this tokenizer")
+    return tid
+
+
 def exact_target(example: Example, chat: bool) -> str:
     target = example.target or ""
     return target.lstrip() if chat else target
@@ -117,6 +125,8 @@ def plan_example(
         ctx, cont = encode_pair(tokenizer, text, exact_target(example, chat), special)
         if chat and stop_id is not None:
             cont = cont + [stop_id]
+        elif example.meta.get("stop_token"):  # the task's own answer terminator (the demo's `<eos>`)
+            cont = cont + [answer_stop_id(tokenizer, example.meta["stop_token"])]
         tokens = tuple(ctx + cont)
         gathers = tuple((len(ctx) - 1 + j, tok, 0) for j, tok in enumerate(cont))
         return Plan(tokens, gathers, context_len=len(ctx)), (tuple(cont),)

@@ -200,3 +200,29 @@ def test_train_is_seeded_atomic_and_reports(tmp_path):
     assert torch.equal(load_file(a / "model.safetensors")["lm_head.weight"], wa["lm_head.weight"])
     assert train(a, seed=1, steps=5, force=True, threads=1) == a
     assert torch.equal(load_file(a / "model.safetensors")["lm_head.weight"], wc["lm_head.weight"])
+
+
+def test_engine_requires_the_stop_token_like_the_independent_check(demo):
+    """The demo's answers end with `<eos>` (meta stop_token): the engine's exact match must require it.
+    Checked per example against a plain forward of prompt + target + `<eos>`, under ablations where the
+    stop token decides (ablating 0.1 leaves right digits without `<eos>` on some pairs)."""
+    from headedit.engine import Engine
+
+    model, tok = demo
+    layout = HeadLayout.from_model(model)
+    task = get_task("copy-second")
+    examples = list(task.load("discovery").examples)[:400]
+    ids = torch.tensor([tok(ex.prompt + ex.target + ex.meta["stop_token"], add_special_tokens=False)["input_ids"]
+                        for ex in examples])  # [examples, pos]
+    prompt_len = len(tok(examples[0].prompt, add_special_tokens=False)["input_ids"])
+    sets = [(), (Head(0, 1),), (Head(0, 0),)]
+    got = Engine(model, tok, layout, batch_size=64).correctness(task, examples, sets)
+    stop_decided = 0
+    for s, heads in enumerate(sets):
+        with ablate(model, layout, heads=heads), torch.no_grad():
+            pred = model(input_ids=ids).logits[:, prompt_len - 1: -1].argmax(-1)  # [examples, answer + eos]
+        hit = pred == ids[:, prompt_len:]  # [examples, answer + eos]
+        expect = hit.all(dim=1)
+        assert got[s].tolist() == expect.tolist(), heads
+        stop_decided += int((hit[:, :-1].all(dim=1) & ~hit[:, -1]).sum())
+    assert stop_decided > 0  # some rows are right on the digits and wrong only on the stop token
