@@ -12,6 +12,7 @@ from .errors import ModelLoadError, ModelNotFoundError
 from .heads import HeadLayout
 
 DEMO_ID = "headedit:demo"
+ADDSUB_ID = "headedit:addsub"  # the add/sub demo with planted heads (headedit/demo/addsub.py)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Files a checkpoint needs besides its weights (config, generation config, tokenizer, chat template).
 SIDE_FILE_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
@@ -35,11 +36,20 @@ def _demo_path() -> Path:
     return path
 
 
+def _addsub_path() -> Path:
+    """The bundled add/sub demo checkpoint, committed inside the package."""
+    from .demo.addsub_data import addsub_model_path
+
+    return addsub_model_path()
+
+
 def resolve_model(model_id: str | os.PathLike, revision: str | None = None, weights: bool = True) -> ModelSource:
-    """Local folder, `headedit:demo`, or a hub id resolved through huggingface_hub's cache."""
+    """Local folder, `headedit:demo` / `headedit:addsub`, or a hub id resolved through huggingface_hub's cache."""
     text = str(model_id)
     if text == DEMO_ID:
         return ModelSource(DEMO_ID, _demo_path())
+    if text == ADDSUB_ID:
+        return ModelSource(ADDSUB_ID, _addsub_path())
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_dir():

@@ -25,7 +25,7 @@ from headedit.tasks import get_task
 from headedit.tiny import tiny_tokenizer
 
 torch.set_num_threads(1)
-RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.toml") if p.stem != "demo")
+RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.toml") if p.stem not in ("demo", "addsub"))
 CONFIGS = {  # recipe model id -> real config file under shared/data/tokenizers
     "HuggingFaceTB/SmolLM3-3B": "SmolLM3-3B/config.json",
     "meta-llama/Llama-3.2-3B": "Llama-3.2-3B/config.json",

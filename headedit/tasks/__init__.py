@@ -22,11 +22,12 @@ def _load_builtin() -> None:
         except ModuleNotFoundError as err:
             if err.name != f"{__name__}.{module}":
                 raise
-    try:
-        importlib.import_module("headedit.demo.tasks")
-    except ModuleNotFoundError as err:
-        if err.name != "headedit.demo.tasks":
-            raise
+    for module in ("headedit.demo.tasks", "headedit.demo.addsub_data"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
 
 
 def task_names() -> list[str]:
