@@ -24,7 +24,7 @@ from .engine_batch import (
     Batch, Plan, PrefilledTokenizer, make_batches, plan_example, repeat_batch_inputs, shift_batch, stop_token_id,
     texts_to_encode,
 )
-from .engine_scores import RawScores, reduce_scores, spans as _spans, to_host as _to_host
+from .engine_scores import RawScores, aligned_spans, reduce_scores, to_host
 from .engine_prefix import HiddenCache, gathered_mlp_ok, logits_at, run_decoder
 from .heads import Head, HeadLayout
 from .tasks.base import Example, Task
@@ -122,7 +122,7 @@ class Engine:
 
             return generate_correctness(self, task, list(examples), sets)
         plans = self.plans(task, examples)
-        raw = self.score_plans(plans, sets, spans=_spans(len(examples), offset, block, doubling))
+        raw = self.score_plans(plans, sets, spans=aligned_spans(len(examples), offset, block, doubling))
         out = np.zeros((len(sets), len(examples)), dtype=bool)
         for s in range(len(sets)):
             for batch, scores in raw[s]:
@@ -260,7 +260,7 @@ class Engine:
                             out[s].append((batch, sc))
         finally:
             ablation.detach()
-        _to_host({id(sc): sc for row in out for _, sc in row}.values())
+        to_host({id(sc): sc for row in out for _, sc in row}.values())
         return out
 
     def _node(self, batch: Batch, base: tuple[Head, ...], layer: int, attn: bool = False) -> tuple:

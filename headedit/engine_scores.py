@@ -63,7 +63,7 @@ def reduce_scores(task: Task, examples: Sequence[Example], batch: Batch, sc: Raw
         out[m] = int(np.argmax(scores)) == ex.label
 
 
-def spans(n: int, offset: int, block: int | None, doubling: bool = False) -> list[tuple[int, int]] | None:
+def aligned_spans(n: int, offset: int, block: int | None, doubling: bool = False) -> list[tuple[int, int]] | None:
     """[a, b) ranges of a call's examples that never straddle a cut in split coordinates: the multiples of
     `block`, or with `doubling` the points block, 2*block, 4*block, ..."""
     if not block or block <= 0:

@@ -13,6 +13,11 @@ from .heads import HeadLayout
 
 DEMO_ID = "headedit:demo"
 ADDSUB_ID = "headedit:addsub"  # the add/sub demo with planted heads (headedit/demo/addsub.py)
+# Checkpoints committed inside `headedit.demo`: id -> (folder, label, module that retrains it)
+BUNDLED = {
+    DEMO_ID: ("model", "demo", "headedit.demo.train"),
+    ADDSUB_ID: ("addsub_model", "add/sub demo", "headedit.demo.addsub"),
+}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Files a checkpoint needs besides its weights (config, generation config, tokenizer, chat template).
 SIDE_FILE_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
@@ -28,28 +33,13 @@ class ModelSource:
     hub: bool = False  # True when resolved through the Hub (so `id` is a public hub id)
 
 
-def _demo_path() -> Path:
-    """The bundled demo checkpoint, committed inside the package."""
-    path = Path(__file__).parent / "demo" / "model"
-    if not (path / "config.json").is_file():
-        raise ModelNotFoundError("the bundled demo model is missing from this install", "run `headedit demo --retrain`")
-    return path
-
-
-def _addsub_path() -> Path:
-    """The bundled add/sub demo checkpoint, committed inside the package."""
-    from .demo.addsub_data import addsub_model_path
-
-    return addsub_model_path()
-
-
 def resolve_model(model_id: str | os.PathLike, revision: str | None = None, weights: bool = True) -> ModelSource:
     """Local folder, `headedit:demo` / `headedit:addsub`, or a hub id resolved through huggingface_hub's cache."""
     text = str(model_id)
-    if text == DEMO_ID:
-        return ModelSource(DEMO_ID, _demo_path())
-    if text == ADDSUB_ID:
-        return ModelSource(ADDSUB_ID, _addsub_path())
+    if text in BUNDLED:
+        from .demo.tasks import bundled_model_path
+
+        return ModelSource(text, bundled_model_path(*BUNDLED[text]))
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_dir():

@@ -20,7 +20,6 @@ Reproducible by seed and thread count (deterministic algorithms). `python -m hea
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,14 @@ from typing import Any
 import torch
 
 from ..ablation import heads_to_mask
-from ..errors import HeadeditError
-from ..events import Log, Reporter, StageFinished, null_reporter
+from ..events import Log, Reporter, null_reporter
 from ..heads import Head, HeadLayout
 from .addsub_data import (
     ADDSUB_VOCAB, IDLE_HEADS, PAIR_HIDDEN, PAIR_VISIBLE, PLANTED_SINGLE, AddSubTask, build_tokenizer, prompt_text,
     target_text,
 )
 from .data import index_pair, split_pairs
-from .train import _Deterministic, check_output, encode_rows, fit, new_model, save_checkpoint
+from .train import _Deterministic, check_output, encode_rows, fit, new_model, run_script, save_checkpoint
 
 SUB_SHARE = 0.6  # share of subtraction rows: it is the harder task, and planted heads make it harder still
 STEPS = 1500
@@ -154,24 +152,7 @@ def train(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m headedit.demo.addsub", description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--force", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-
-    def printer(event: object) -> None:
-        if isinstance(event, (Log, StageFinished)):
-            print(getattr(event, "message", None) or f"{event.stage}: {event.summary}")  # noqa: T201 (script)
-
-    try:
-        train(args.out_dir, seed=args.seed, steps=args.steps, reporter=printer, force=args.force, threads=args.threads)
-    except HeadeditError as err:
-        print(f"error: {err}")  # noqa: T201 (script)
-        return 2
-    return 0
+    return run_script(train, "python -m headedit.demo.addsub", __doc__.splitlines()[0], STEPS, 1, argv)
 
 
 if __name__ == "__main__":

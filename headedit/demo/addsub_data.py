@@ -13,24 +13,19 @@ Importing this module registers both tasks; `addsub_model_path()` is the committ
 """
 from __future__ import annotations
 
-import importlib.resources
-import random
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ModelNotFoundError, TaskError
 from ..heads import Head
 from ..tasks import register_task
-from ..tasks.base import Example, Split, SplitName, Task
-from .data import (
-    BOS, EOS, N_DISCOVERY, N_HELDOUT, N_TRAIN, PAD, SPECIALS, SPLIT_SEED, UNK, VOCAB, index_pair, split_pairs,
-)
+from . import data
+from .data import BOS, VOCAB
+from .tasks import PairTask, bundled_model_path
 
 ADDSUB_VOCAB: tuple[str, ...] = VOCAB + ("-",)  # 44 tokens: the copy demo's 43, then '-'
 AddSubTask = Literal["add-demo", "sub-demo"]
 TASK_LETTER = {"add-demo": "A", "sub-demo": "S"}  # the prompt prefix that says which operation is asked
 TASK_SIGN = {"add-demo": "+", "sub-demo": "-"}
-MODEL_DIR = "addsub_model"
 
 # The ground truth the training script plants (see `addsub.PLANTING`): on subtraction rows these heads are zeroed
 # (most of the time) and their q/k/v never learn from subtraction, so they carry addition features that disturb
@@ -45,18 +40,8 @@ IDLE_HEADS: tuple[Head, ...] = (Head(0, 3),)
 
 
 def build_tokenizer():
-    """One token per character over `ADDSUB_VOCAB`; `<bos>` written as text is one token, no BOS is added."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.WordLevel(vocab={tok: i for i, tok in enumerate(ADDSUB_VOCAB)}, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(list(SPECIALS))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-        padding_side="left", model_max_length=32, clean_up_tokenization_spaces=False,
-    )
+    """One token per character over `ADDSUB_VOCAB` (the copy demo's tokenizer with `-` added)."""
+    return data.build_tokenizer(ADDSUB_VOCAB)
 
 
 def prompt_text(task: AddSubTask, a: int, b: int) -> str:
@@ -72,57 +57,22 @@ def target_text(task: AddSubTask, a: int, b: int) -> str:
 
 
 def addsub_model_path() -> Path:
-    """The committed add/sub checkpoint folder, found through package resources (like `demo_model_path`)."""
-    path: Path | None = None
-    try:
-        candidate = importlib.resources.files("headedit.demo") / MODEL_DIR
-        if isinstance(candidate, Path):
-            path = candidate
-    except (ModuleNotFoundError, TypeError):
-        path = None
-    if path is None or not (path / "config.json").is_file():
-        path = Path(__file__).parent / MODEL_DIR
-    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise ModelNotFoundError(
-            f"the bundled add/sub demo model is missing from {path}",
-            "reinstall headedit, or retrain it with `python -m headedit.demo.addsub OUT`",
-        )
-    return path
+    """The committed add/sub checkpoint folder."""
+    from ..loading import ADDSUB_ID, BUNDLED
+
+    return bundled_model_path(*BUNDLED[ADDSUB_ID])
 
 
-class AddSubDemoTask(Task):
+class AddSubDemoTask(PairTask):
     """Two-digit addition or subtraction; exact match of the three answer characters and `<eos>`."""
 
-    kind = "exact"
-    metric = "acc"
-    dataset_id = None
-    default_sizes = (N_DISCOVERY, N_HELDOUT)
-    max_new_tokens = 4  # three characters and <eos>
+    source_label = "headedit add/sub demo pairs"
 
     def __init__(self, name: AddSubTask) -> None:
-        self.name = name
+        super().__init__(name)
 
-    def load(self, split: SplitName, size: int | None = None, seed: int = 0, data_dir: Path | None = None) -> Split:
-        """The pairs of `split`; a smaller `size` takes a seeded subset (same seed: nested subsets)."""
-        if split not in ("discovery", "heldout"):
-            raise TaskError(f"{self.name} has no split {split!r}", "use 'discovery' or 'heldout'")
-        order = split_pairs(split)
-        if size is not None and not 1 <= size <= len(order):
-            raise TaskError(f"{self.name} {split} has {len(order)} pairs, {size} requested",
-                            f"ask for at most {len(order)}")
-        chosen = order
-        if size is not None and size < len(order):
-            shuffled = list(order)
-            random.Random(seed).shuffle(shuffled)
-            chosen = shuffled[:size]
-        examples = []
-        for index in chosen:
-            a, b = index_pair(index)
-            examples.append(Example(index=index, prompt=prompt_text(self.name, a, b),
-                                    target=target_text(self.name, a, b), meta={"stop_token": EOS, "a": a, "b": b}))
-        source = (f"headedit add/sub demo pairs: {len(examples)} of the {len(order)} {split} pairs "
-                  f"(split seed {SPLIT_SEED}, disjoint from the {N_TRAIN} training pairs)")
-        return Split(task=self.name, name=split, examples=examples, source=source)
+    def texts(self, a: int, b: int) -> tuple[str, str]:
+        return prompt_text(self.name, a, b), target_text(self.name, a, b)  # type: ignore[arg-type]
 
 
 ADD_DEMO = register_task(AddSubDemoTask("add-demo"))

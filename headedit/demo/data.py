@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Literal
+from typing import Literal, Sequence
 
 SPLIT_SEED = 0
 N_TRAIN, N_DISCOVERY, N_HELDOUT = 7000, 1000, 2000  # together all 100 x 100 pairs
@@ -24,8 +24,8 @@ FIRST_SHARE = 0.6  # training mixture: 60% copy-first, 40% copy-second
 PairSplit = Literal["train", "discovery", "heldout"]
 
 
-def build_tokenizer():
-    """A WordLevel tokenizer over single characters, wrapped for transformers.
+def build_tokenizer(vocab: Sequence[str] = VOCAB):
+    """A WordLevel tokenizer over single characters of `vocab`, wrapped for transformers.
 
     Special tokens written as text (`<bos>`) are matched whole; everything else is one token per
     character. It adds no BOS itself: prompts carry `<bos>` explicitly, so `add_special_tokens`
@@ -34,8 +34,8 @@ def build_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(VOCAB)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    ids = {tok: i for i, tok in enumerate(vocab)}
+    core = Tokenizer(models.WordLevel(vocab=ids, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     core.add_special_tokens(list(SPECIALS))

@@ -31,39 +31,52 @@ from .data import (
     split_pairs,
 )
 
-DEMO_MODEL_DIR = "model"
-
-
-def demo_model_path() -> Path:
-    """The committed demo checkpoint folder (config, tokenizer, model.safetensors)."""
+def bundled_model_path(folder: str, label: str, script: str) -> Path:
+    """A checkpoint committed inside `headedit.demo` (config, tokenizer, model.safetensors), found through package
+    resources; `script` is the module that retrains it, named in the error when files are missing."""
     path: Path | None = None
     try:
-        candidate = importlib.resources.files("headedit.demo") / DEMO_MODEL_DIR
+        candidate = importlib.resources.files("headedit.demo") / folder
         if isinstance(candidate, Path):
             path = candidate
     except (ModuleNotFoundError, TypeError):
         path = None
     if path is None or not (path / "config.json").is_file():
-        path = Path(__file__).parent / DEMO_MODEL_DIR
+        path = Path(__file__).parent / folder
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise ModelNotFoundError(
-            f"the bundled demo model is missing from {path}",
-            "reinstall headedit, or retrain it with `python -m headedit.demo.train OUT`",
+            f"the bundled {label} model is missing from {path}",
+            f"reinstall headedit, or retrain it with `python -m {script} OUT`",
         )
     return path
 
 
-class CopyTask(Task):
-    """Copy one of the two numbers of `aa+bb` as a three-digit answer `0xx`."""
+def demo_model_path() -> Path:
+    """The committed demo checkpoint folder (config, tokenizer, model.safetensors)."""
+    from ..loading import BUNDLED, DEMO_ID
+
+    return bundled_model_path(*BUNDLED[DEMO_ID])
+
+
+class PairTask(Task):
+    """An exact-match task over the demo's `aa`/`bb` pair splits: a three-character answer, then `<eos>`.
+
+    Subclasses say how a pair becomes text (`texts`); splits, seeded subsets and sizes are shared.
+    """
 
     kind = "exact"
     metric = "acc"
     dataset_id = None
     default_sizes = (N_DISCOVERY, N_HELDOUT)
-    max_new_tokens = 4  # three digits and <eos>
+    max_new_tokens = 4  # three characters and <eos>
+    source_label = "headedit demo pairs aa+bb"
 
-    def __init__(self, name: TaskName) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
+
+    def texts(self, a: int, b: int) -> tuple[str, str]:
+        """(prompt, target) of the pair (a, b)."""
+        raise NotImplementedError
 
     def load(self, split: SplitName, size: int | None = None, seed: int = 0, data_dir: Path | None = None) -> Split:
         """The pairs of `split`; a smaller `size` takes a seeded subset (same seed: nested subsets)."""
@@ -83,19 +96,23 @@ class CopyTask(Task):
         examples = []
         for index in chosen:
             a, b = index_pair(index)
-            examples.append(
-                Example(
-                    index=index,
-                    prompt=prompt_text(a, b),
-                    target=copy_target(self.name, a, b),
-                    meta={"stop_token": EOS, "a": a, "b": b},
-                )
-            )
+            prompt, target = self.texts(a, b)
+            examples.append(Example(index=index, prompt=prompt, target=target, meta={"stop_token": EOS, "a": a, "b": b}))
         source = (
-            f"headedit demo pairs aa+bb: {len(examples)} of the {len(order)} {split} pairs "
+            f"{self.source_label}: {len(examples)} of the {len(order)} {split} pairs "
             f"(split seed {SPLIT_SEED}, disjoint from the {N_TRAIN} training pairs)"
         )
         return Split(task=self.name, name=split, examples=examples, source=source)
+
+
+class CopyTask(PairTask):
+    """Copy one of the two numbers of `aa+bb` as a three-digit answer `0xx`."""
+
+    def __init__(self, name: TaskName) -> None:
+        super().__init__(name)
+
+    def texts(self, a: int, b: int) -> tuple[str, str]:
+        return prompt_text(a, b), copy_target(self.name, a, b)  # type: ignore[arg-type]
 
 
 COPY_FIRST = register_task(CopyTask("copy-first"))

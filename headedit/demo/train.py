@@ -250,13 +250,15 @@ def train(
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m headedit.demo.train", description=__doc__.splitlines()[0])
+def run_script(train_fn: Callable[..., Path], prog: str, description: str, steps: int, threads: int,
+               argv: list[str] | None = None) -> int:
+    """The command line of a demo training script: `OUT [--seed] [--steps] [--force] [--threads]`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--force", action="store_true")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=threads)
     args = parser.parse_args(argv)
 
     def printer(event: object) -> None:
@@ -264,11 +266,16 @@ def main(argv: list[str] | None = None) -> int:
             print(getattr(event, "message", None) or f"{event.stage}: {event.summary}")  # noqa: T201 (script)
 
     try:
-        train(args.out_dir, seed=args.seed, steps=args.steps, reporter=printer, force=args.force, threads=args.threads)
+        train_fn(args.out_dir, seed=args.seed, steps=args.steps, reporter=printer, force=args.force,
+                 threads=args.threads)
     except HeadeditError as err:
         print(f"error: {err}")  # noqa: T201 (script)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script(train, "python -m headedit.demo.train", __doc__.splitlines()[0], 1500, 2, argv)
 
 
 if __name__ == "__main__":
