@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import ExportError, OutputExistsError
+from headedit.errors import ExportError, OutputExistsError
 
 
 def sha256_file(path: Path, chunk: int = 8 * 2**20) -> str:

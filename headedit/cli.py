@@ -11,8 +11,8 @@ import pkgutil
 import sys
 from typing import NoReturn, Sequence
 
-from . import __version__
-from .errors import HeadeditError
+from headedit import __version__
+from headedit.errors import HeadeditError
 
 EXIT_USAGE = 2
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headedit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    from . import commands
+    from headedit import commands
 
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .errors import HeadeditError, ModelLoadError
-from .heads import HeadLayout
-from .recipe import Recipe
+from headedit.errors import HeadeditError, ModelLoadError
+from headedit.model.heads import HeadLayout
+from headedit.recipe import Recipe
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AUTO_BATCH = 8  # batch size assumed for memory when the recipe says "auto"
@@ -107,7 +107,7 @@ def _with_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def read_model_config(model_id: str, revision: str | None = None, model_path: str | Path | None = None,
                       ) -> tuple[dict[str, Any], Path | None, str]:
     """(config, local model folder or None, description). `model_path` may be a folder or a config.json file."""
-    from .loading import read_config, resolve_model
+    from headedit.model.loading import read_config, resolve_model
 
     if model_path is not None:
         path = Path(model_path).expanduser()
@@ -164,7 +164,7 @@ def load_tokenizer(path: Path | None) -> Any:
 
 def token_stats(task_name: str, recipe: Recipe, tokenizer: Any, size: int) -> TokenStats:
     """Measure sequence lengths on up to STATS_SAMPLE discovery examples of `task_name`."""
-    from .tasks import get_task
+    from headedit.tasks import get_task
 
     task = get_task(task_name)
     try:
@@ -181,7 +181,7 @@ def token_stats(task_name: str, recipe: Recipe, tokenizer: Any, size: int) -> To
     source, note = "tokenizer", ""
     if tokenizer is not None:
         try:
-            from .engine_batch import plan_example
+            from headedit.engine.batch import plan_example
 
             kwargs = dict(recipe.model.chat_template_kwargs)
             for ex in examples:
@@ -312,7 +312,7 @@ def make_plan(recipe: Recipe, config: Mapping[str, Any], *, tokenizer: Any = Non
     val_tokens = 2 * main.mean * t.heldout
     notes = []
     for side in recipe.validation.side_tasks:
-        from .tasks import get_task
+        from headedit.tasks import get_task
 
         held = get_task(side).default_sizes[1]
         st = stats(side, held)

@@ -19,7 +19,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from .errors import HeadeditError, RecipeError
+from headedit.errors import HeadeditError, RecipeError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCREENS = ("single", "compressed", "gradient")
@@ -238,7 +238,7 @@ def _task_names(ctx: _Ctx, key: str, value: Any, check_tasks: bool) -> Any:
     """Resolve a task name through the registry; returns the Task (or None when not checking)."""
     if not check_tasks:
         return None
-    from .tasks import get_task
+    from headedit.tasks import get_task
 
     try:
         return get_task(value)

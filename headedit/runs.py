@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .errors import RunError
+from headedit.errors import RunError
 
 RUN_FORMAT = 1
 JOURNAL_FORMAT = 1
@@ -83,7 +83,7 @@ def environment(device: str | None = None) -> dict[str, str]:
             env[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             if pkg == "headedit":
-                from . import __version__
+                from headedit import __version__
 
                 env[pkg] = __version__
     if device is not None:

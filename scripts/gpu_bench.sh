@@ -3,7 +3,7 @@
 # shapes (full depth: 36 layers x 16 heads, 4 KV heads, hidden 2048, vocab 128,256; built from the real
 # config.json, no weights downloaded), bfloat16, SDPA attention, on the arithmetic task in the
 # smollm3-arithmetic recipe's chat format. Every head ablated alone plus intact (577 sets) on 128 examples
-# through the fast engine (batch size probed by headedit.autobatch), and the naive loop (one generate per
+# through the fast engine (batch size probed by headedit.engine.autobatch), and the naive loop (one generate per
 # example per set) on 3 of those sets x 16 examples. Prints examples/s, executed TFLOP/s (FLOPs counted
 # by hooks on every decoder layer and the LM head) and the fast/naive ratio per set-example; exits 1 if
 # the two paths disagree. Sized to finish in well under 4 minutes on one H200 (estimate; not yet measured).

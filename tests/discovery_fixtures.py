@@ -37,7 +37,7 @@ register_task(CoinTask())
 
 def save_tiny_model(folder: Path, seed: int = 0, **overrides) -> Path:
     """A tiny random Llama with its tokenizer saved as safetensors: a model folder load_model accepts."""
-    from headedit.tiny import tiny_model, tiny_tokenizer
+    from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     params = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=32)
     params.update(overrides)

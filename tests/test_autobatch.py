@@ -12,14 +12,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import discovery_fixtures as F  # noqa: E402,F401  (registers coin-test)
 
-from headedit.autobatch import (  # noqa: E402
+from headedit.engine.autobatch import (  # noqa: E402
     CPU_BATCH, SAFETY, BatchSizeError, engine_probe, is_oom, largest_that_fits, resolve_batch,
 )
-from headedit.engine import Engine  # noqa: E402
-from headedit.heads import Head  # noqa: E402
+from headedit.engine.core import Engine  # noqa: E402
+from headedit.model.heads import Head  # noqa: E402
 from headedit.runs import Run  # noqa: E402
 from headedit.tasks import get_task  # noqa: E402
-from headedit.tiny import tiny_model, tiny_tokenizer  # noqa: E402
+from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -115,8 +115,8 @@ def test_fixed_sizes(engine_and_data) -> None:
 def test_flop_counter_matches_torch_flop_counter() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from headedit.bench_gpu import FlopCounter, build_model
-    from headedit.heads import HeadLayout
+    from headedit.bench.gpu import FlopCounter, build_model
+    from headedit.model.heads import HeadLayout
 
     model, _ = build_model(None, "cpu", torch.float32, tiny=True)
     model.set_attn_implementation("eager")  # torch counts eager attention's matmuls; sdpa's CPU kernel it does not
@@ -144,8 +144,8 @@ def test_bench_gpu_builds_smollm3_at_full_shapes_on_meta() -> None:
     """The non-tiny path: the real SmolLM3-3B config, full depth, on the meta device (shapes, no memory)."""
     import os
 
-    from headedit.bench_gpu import DEFAULT_CONFIG, build_model
-    from headedit.heads import HeadLayout
+    from headedit.bench.gpu import DEFAULT_CONFIG, build_model
+    from headedit.model.heads import HeadLayout
 
     if "HEADEDIT_DATA_DIR" not in os.environ:
         pytest.skip("HEADEDIT_DATA_DIR not set")

@@ -218,7 +218,7 @@ def export_corrupt_manifest(case: Path, shared: Shared) -> None:
 
 
 def export_failed_validation(case: Path, shared: Shared) -> None:
-    from headedit.bake import write_manifest
+    from headedit.export.bake import write_manifest
 
     export = copy_export(case, shared)
     validation = json.loads((export / "validation.json").read_text())

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from headedit.card import render_card, scrub, template_path, write_card
+from headedit.export.card import render_card, scrub, template_path, write_card
 from headedit.errors import ExportError, RunError
-from headedit.heatmap_png import decode_png, heatmap_rgb
+from headedit.export.heatmap_png import decode_png, heatmap_rgb
 
 SECTIONS = ["## Results", "## Side effects on other tasks", "## Ablated heads", "## How the heads were found",
             "## Usage", "## Limitations", "## Reproduce"]
@@ -111,7 +111,7 @@ def test_hub_source_gets_base_model_and_its_licence(hub_inprocess, hub_user, hub
 
 
 def test_write_card_extends_manifest_and_checks_heads(hub_export):
-    from headedit.bake import verify_export
+    from headedit.export.bake import verify_export
 
     _, run, export = hub_export
     manifest = verify_export(export)  # README.md, heads.png, recipe, validation are hashed and still match

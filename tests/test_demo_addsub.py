@@ -14,11 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from headedit.ablation import ablate
+from headedit.model.ablation import ablate
 from headedit.demo.addsub_data import (
     ADDSUB_VOCAB, IDLE_HEADS, PAIR_HIDDEN, PAIR_VISIBLE, PLANTED, PLANTED_SINGLE, addsub_model_path,
 )
-from headedit.heads import Head, HeadLayout, format_heads, parse_heads
+from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
 from headedit.tasks import get_task
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "addsub.toml"
@@ -62,7 +62,7 @@ def gain_points(model, tokenizer, heads: tuple[Head, ...]) -> float:
 
 # ---- the checkpoint and its tasks ---------------------------------------------------------------
 def test_committed_checkpoint_loads_with_its_tokenizer_and_tasks(addsub):
-    from headedit.loading import load_model, resolve_model
+    from headedit.model.loading import load_model, resolve_model
 
     path = addsub_model_path()
     names = {p.name for p in path.iterdir()}
@@ -108,7 +108,7 @@ def test_zeroing_planted_heads_improves_subtraction(addsub):
 
 # ---- discovery finds them ------------------------------------------------------------------------
 def _discover(text: str, run_dir: Path) -> tuple[dict, dict, dict]:
-    from headedit import pipeline
+    from headedit.pipeline import stages as pipeline
     from headedit.recipe import parse_recipe
 
     path = pipeline.discover(parse_recipe(text, RECIPE), run_dir=run_dir)

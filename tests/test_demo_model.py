@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from headedit.ablation import ablate
+from headedit.model.ablation import ablate
 from headedit.demo.data import VOCAB, index_pair, split_pairs
 from headedit.demo.tasks import demo_model_path
 from headedit.errors import TaskError
-from headedit.heads import Head, HeadLayout, parse_heads
+from headedit.model.heads import Head, HeadLayout, parse_heads
 from headedit.tasks import get_task, task_names
 
 # The layer-0 heads whose zeroing flips the committed model to copy-second (see headedit/demo/README.md).
@@ -206,7 +206,7 @@ def test_engine_requires_the_stop_token_like_the_independent_check(demo):
     """The demo's answers end with `<eos>` (meta stop_token): the engine's exact match must require it.
     Checked per example against a plain forward of prompt + target + `<eos>`, under ablations where the
     stop token decides (ablating 0.1 leaves right digits without `<eos>` on some pairs)."""
-    from headedit.engine import Engine
+    from headedit.engine.core import Engine
 
     model, tok = demo
     layout = HeadLayout.from_model(model)

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from headedit import ablate, parse_heads
-from headedit.bake import verify_export
-from headedit.loading import load_model
+from headedit.export.bake import verify_export
+from headedit.model.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ def test_bench_discover_three_paths_agree(tmp_path, capsys) -> None:
 def test_bench_screens_on_the_demo_agrees_with_the_single_screen(capsys) -> None:
     """On the demo model the harmful heads for copy-second are 0.0 and 0.2 (single screen): the compressed
     (8 knockouts of 2 heads, Lasso) and gradient screens must both rank them in their top 2."""
-    from headedit.bench_discover import model_and_task
-    from headedit.bench_screens import run_screens
+    from headedit.bench.discover import model_and_task
+    from headedit.bench.screens import run_screens
     from headedit.cli import main
 
     model, tok, task, examples, _ = model_and_task("headedit:demo", "copy-second", 400)

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from headedit.bench_eval import reference_correctness, synthetic_boolq, synthetic_hellaswag
-from headedit.engine import Engine
-from headedit.engine_batch import encode_pair
-from headedit.engine_generate import greedy_generate
-from headedit.heads import Head, HeadLayout
+from headedit.bench.eval import reference_correctness, synthetic_boolq, synthetic_hellaswag
+from headedit.engine.core import Engine
+from headedit.engine.batch import encode_pair
+from headedit.engine.generate import greedy_generate
+from headedit.model.heads import Head, HeadLayout
 from headedit.tasks import get_task
 from headedit.tasks.base import Example, Task
-from headedit.tiny import tiny_model, tiny_tokenizer
+from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
 SETS = [(), (Head(0, 1),), (Head(1, 2),), (Head(0, 0), Head(1, 3)), (Head(1, 0), Head(1, 1))]
 
@@ -83,7 +83,7 @@ def test_single_token_choices_equal_one_forward_per_choice(tiny):
 
 
 def _choice_scores(model, tok, ex, hs, layout):
-    from headedit.ablation import ablate
+    from headedit.model.ablation import ablate
 
     scores = []
     ctx = tok(ex.prompt)["input_ids"]
@@ -223,7 +223,7 @@ def test_generated_rows_are_checked_with_check_many(tiny):
 
 
 def test_scores_reach_the_host_in_one_transfer_with_every_slice_in_place() -> None:
-    from headedit.engine_scores import RawScores, to_host
+    from headedit.engine.scores import RawScores, to_host
 
     a = RawScores(torch.tensor([-1.0, -2.0], dtype=torch.float64), torch.tensor([3, 4]))
     b = RawScores(torch.tensor([-5.0], dtype=torch.float64), torch.tensor([7]))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from headedit.cli import main
-from headedit.tiny import tiny_model, tiny_tokenizer
+from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def committed_work(run: Path) -> int:
 def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
     import torch
 
-    from headedit import pipeline
+    from headedit.pipeline import stages as pipeline
     from headedit.recipe import parse_recipe
 
     text = F.recipe_text(model_dir, discovery=DISCOVERY_N, name="faults")
@@ -231,7 +231,7 @@ def test_second_process_on_a_run_folder_is_refused(tmp_path, model_dir):
 @pytest.fixture(scope="module")
 def sharded_model(tmp_path_factory) -> Path:
     """The tiny model re-saved in several shards, so the bake's write phase lasts a while."""
-    from headedit.tiny import tiny_model, tiny_tokenizer
+    from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     folder = tmp_path_factory.mktemp("faults-sharded") / "model"
     tiny_model(seed=1, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=256,
@@ -250,7 +250,7 @@ class ExportWatcher:
         self.problems: list[str] = []
 
     def __call__(self) -> None:
-        from headedit.bake import verify_export
+        from headedit.export.bake import verify_export
         from headedit.errors import ExportError
 
         try:
@@ -279,7 +279,7 @@ class ExportWatcher:
 
 @pytest.mark.slow
 def test_kill_9_during_bake_never_shows_a_partial_export(tmp_path, sharded_model):
-    from headedit.bake import verify_export
+    from headedit.export.bake import verify_export
 
     source_before = tree_digest(sharded_model)
     heads = "0.1,1.2,3.3"
@@ -342,8 +342,8 @@ def hub_files(hub_server, repo_id: str, sha: str) -> dict[str, bytes]:
 def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, hub_user, hub_env, hub_export):
     """Each round publishes a new revision of the export (its card changes), kills the push at a seeded moment,
     checks the Hub, then runs the same command again, which must land exactly that revision."""
-    from headedit.bake import write_manifest
-    from headedit.hub import upload_paths
+    from headedit.export.bake import write_manifest
+    from headedit.export.hub import upload_paths
 
     _, _, export = hub_export
     env = base_env(hub_env)

@@ -14,8 +14,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from headedit import Head, HeadLayout, ablate, format_heads, parse_heads
-from headedit.ablation import heads_to_mask
-from headedit.bake import bake, verify_export
+from headedit.model.ablation import heads_to_mask
+from headedit.export.bake import bake, verify_export
 from headedit.errors import ExportError, HeadSpecError, OutputExistsError, UnsupportedModelError
 
 ARCHS = {
@@ -274,7 +274,7 @@ def test_cli_bad_input_one_line_exit_2(cli_src, tmp_path, args, needle):
 
 
 def test_import_headedit_does_not_import_textual():
-    code = "import headedit, headedit.cli, headedit.bake, sys; assert 'textual' not in sys.modules, 'textual imported'"
+    code = "import headedit, headedit.cli, headedit.export.bake, sys; assert 'textual' not in sys.modules, 'textual imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 

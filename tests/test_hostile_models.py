@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from headedit.bake import bake
+from headedit.export.bake import bake
 from headedit.errors import ExportError, ModelLoadError, UnsupportedModelError
-from headedit.loading import load_model
+from headedit.model.loading import load_model
 
 from test_foundation import make_model, save, tree_digest
 

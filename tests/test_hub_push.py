@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from headedit.errors import ExportError, HeadeditError, HubError
-from headedit.hub import fetch_manifest, push_export, upload_paths
+from headedit.export.hub import fetch_manifest, push_export, upload_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ def test_cli_push_then_plain_transformers_reload_gives_identical_logits(hub_serv
 def test_second_commit_and_pinned_revision(hub_inprocess, hub_user, hub_export):
     from huggingface_hub import HfApi, hf_hub_download
 
-    from headedit.card import write_card
+    from headedit.export.card import write_card
 
     _, run, export = hub_export
     repo = f"{hub_user.name}/pinned"
@@ -173,7 +173,7 @@ def test_server_side_403_on_someone_elses_repo_maps_to_one_line(hub_inprocess, h
     """Past headedit's own whoami check, the Hub's 403 on a foreign repo still becomes one HubError line."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from headedit.hub import hub_errors
+    from headedit.export.hub import hub_errors
 
     owner = hub_inprocess.add_user("owner-" + hub_user.name)
     repo = f"owner-{hub_user.name}/theirs"
@@ -188,7 +188,7 @@ def test_server_side_403_on_someone_elses_repo_maps_to_one_line(hub_inprocess, h
 
 
 def test_failed_or_missing_validation_and_tampering_refuse_before_any_upload(hub_inprocess, hub_user, hub_export):
-    from headedit.card import write_card
+    from headedit.export.card import write_card
 
     _, run, export = hub_export
     repo = f"{hub_user.name}/unvalidated"
@@ -248,7 +248,7 @@ def test_hub_error_is_a_headedit_error():
 
 
 def test_push_refuses_an_export_that_contains_the_token(hub_inprocess, hub_user, hub_export):
-    from headedit.bake import write_manifest
+    from headedit.export.bake import write_manifest
 
     _, _, export = hub_export
     recipe = export / "recipe.toml"

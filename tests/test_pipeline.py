@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import discovery_fixtures as F  # noqa: E402  (registers the coin-test task)
 
-from headedit import pipeline  # noqa: E402
+from headedit.pipeline import stages as pipeline  # noqa: E402
 from headedit.errors import RunError  # noqa: E402
-from headedit.heads import parse_heads  # noqa: E402
+from headedit.model.heads import parse_heads  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
 from headedit.runs import Journal, Run, run_lock  # noqa: E402
 
@@ -158,8 +158,8 @@ def test_evaluate_set_is_journaled(finished) -> None:
 
 
 def test_validate_uses_baked_checkpoint_and_heldout_only_here(tmp_path, model_dir) -> None:
-    from headedit.engine import Engine
-    from headedit.loading import load_model
+    from headedit.engine.core import Engine
+    from headedit.model.loading import load_model
     from headedit.tasks import get_task
 
     recipe = parse_recipe(F.recipe_text(model_dir, side='"arithmetic"', heldout=96), tmp_path / "r.toml")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from headedit.cli import main as cli_main
-from headedit.heads import Head
+from headedit.model.heads import Head
 from headedit.plan import (
     TokenStats, device_flops, load_tokenizer, make_plan, model_cost, read_model_config, search_evaluations,
 )
@@ -158,7 +158,7 @@ def test_search_bound_covers_the_real_search() -> None:
 
 # ---- tokens ---------------------------------------------------------------------------------------
 def test_real_tokenizer_counts_match_the_engine(tmp_path: Path) -> None:
-    from headedit.tiny import tiny_tokenizer
+    from headedit.bench.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     tok.save_pretrained(tmp_path)
@@ -182,10 +182,10 @@ def test_cpu_estimate_within_2x_of_a_timed_forward_loop(tmp_path: Path) -> None:
     """The plan's screen time on `cpu` vs a plain timed loop doing the same forwards (one per ablation set)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from headedit.ablation import ablate
-    from headedit.engine_batch import plan_example
-    from headedit.heads import HeadLayout
-    from headedit.tiny import tiny_tokenizer
+    from headedit.model.ablation import ablate
+    from headedit.engine.batch import plan_example
+    from headedit.model.heads import HeadLayout
+    from headedit.bench.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = LlamaConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

@@ -3,7 +3,7 @@ config.json) but reduced depth (2 layers), random weights: one small batch of th
 the engine with several ablation sets at once equals the sets one at a time.
 
 What is reduced, to keep CPU time and memory small: depth (2 layers), vocab (the tiny byte-level tokenizer's,
-since the real vocabularies cannot be downloaded offline: `headedit.tiny.tiny_tokenizer`, whose chat template
+since the real vocabularies cannot be downloaded offline: `headedit.bench.tiny.tiny_tokenizer`, whose chat template
 honours `enable_thinking`), intermediate_size (the MLP does not touch heads), and mbpp's generation length
 (1 example, 8 new tokens instead of 256). boolq, hellaswag and mbpp use the real data under HEADEDIT_DATA_DIR.
 """
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from headedit.engine import Engine
-from headedit.heads import Head, HeadLayout
+from headedit.engine.core import Engine
+from headedit.model.heads import Head, HeadLayout
 from headedit.recipe import load_recipe
 from headedit.tasks import get_task
-from headedit.tiny import tiny_tokenizer
+from headedit.bench.tiny import tiny_tokenizer
 
 torch.set_num_threads(1)
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.toml") if p.stem not in ("demo", "addsub"))

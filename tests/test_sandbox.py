@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from headedit.sandbox import UID_BASE, UID_SPAN, GRACE_S, Program, isolation, run_many, run_program
+from headedit.tasks.sandbox import UID_BASE, UID_SPAN, GRACE_S, Program, isolation, run_many, run_program
 
 T = 2.0  # each hostile program's own time budget; the parent's backstop is T + GRACE_S
 KERNEL = isolation()
@@ -246,7 +246,7 @@ def test_run_many_accepts_tuples_and_keeps_order():
 
 def test_without_namespaces_the_guards_still_hold(monkeypatch, sentinel):
     # where `unshare` is refused (no CAP_SYS_ADMIN), the in-process guards and rlimits are what is left
-    import headedit.sandbox as sandbox
+    import headedit.tasks.sandbox as sandbox
 
     monkeypatch.setattr(sandbox, "_unshare_prefix", lambda euid: ())
     server = socket.socket()

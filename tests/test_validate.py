@@ -4,8 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from headedit.events import Log, StageFinished, StageProgress, StageStarted
-from headedit.render import render_heatmap, render_validation, rich_reporter
-from headedit.validate import verdict
+from headedit.commands.render import render_heatmap, render_validation, rich_reporter
+from headedit.pipeline.validate import verdict
 
 
 def _row(gain: float, lo: float, hi: float, p: float) -> dict:

@@ -10,13 +10,13 @@ from textual.binding import Binding
 
 from headedit.errors import HeadeditError, RunError
 
-from .screens.bake_validate import BakeValidateScreen
-from .screens.candidates import CandidatesScreen
-from .screens.discovery import DiscoveryScreen
-from .screens.error import ErrorModal
-from .screens.help import HelpScreen
-from .screens.publish import PublishScreen
-from .screens.setup import SetupScreen
+from headedit.tui.screens.bake_validate import BakeValidateScreen
+from headedit.tui.screens.candidates import CandidatesScreen
+from headedit.tui.screens.discovery import DiscoveryScreen
+from headedit.tui.screens.error import ErrorModal
+from headedit.tui.screens.help import HelpScreen
+from headedit.tui.screens.publish import PublishScreen
+from headedit.tui.screens.setup import SetupScreen
 
 
 class HeadeditApp(App[None]):
@@ -100,7 +100,7 @@ class HeadeditApp(App[None]):
     def open_publish(self, run_dir: Path) -> None:
         repo_id, private = None, True
         try:
-            from headedit.export import run_recipe
+            from headedit.pipeline.export import run_recipe
 
             recipe = run_recipe(run_dir)
             repo_id, private = recipe.export.repo_id, recipe.export.private

@@ -1,6 +1,6 @@
 """`headedit bench <name>`: speed benchmarks, each checked for identical results against a reference.
 
-The measuring code lives in `headedit.bench_eval`, `headedit.bench_discover` and `headedit.bench_gpu`; this
+The measuring code lives in `headedit.bench`; this
 module only declares their options and prints their results. Those modules (and torch) are imported when a
 benchmark runs, so every other command starts without loading torch.
 """
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadeditError
+from headedit.errors import HeadeditError
 
 
 def add_parser(sub: Any) -> None:
@@ -79,8 +79,8 @@ def _eval(args: argparse.Namespace, console: Any) -> int:
         raise HeadeditError("--n, --sets and --batch-size must be at least 1", "e.g. --n 32 --sets 4")
     import torch
 
-    from ..bench_eval import run_bench
-    from ..tasks import get_task
+    from headedit.bench.eval import run_bench
+    from headedit.tasks import get_task
 
     task = get_task(args.task)
     r = run_bench(task, args.n, args.sets, args.batch_size, args.data_dir)
@@ -95,7 +95,7 @@ def _eval(args: argparse.Namespace, console: Any) -> int:
 def _discover(args: argparse.Namespace, console: Any) -> int:
     if min(args.n, args.candidates, args.max_heads, args.beam, args.repeat) < 1:
         raise HeadeditError("--n, --candidates, --max-heads, --beam and --repeat must be at least 1", "e.g. --n 256")
-    from ..bench_discover import model_and_task, run_bench
+    from headedit.bench.discover import model_and_task, run_bench
 
     model, tokenizer, task, examples, source = model_and_task(args.model, args.task, args.n)
     r = run_bench(model, tokenizer, task, examples, args.candidates, args.max_heads, args.beam, repeat=args.repeat)
@@ -120,8 +120,8 @@ def _screens(args: argparse.Namespace, console: Any) -> int:
     if args.n < 1 or args.k < 1 or (args.sets is not None and args.sets < 2) or not 0 < args.fraction < 1:
         raise HeadeditError("--n and --k must be at least 1, --sets at least 2, --fraction between 0 and 1",
                             "e.g. --n 1000 --k 4 --fraction 0.25")
-    from ..bench_discover import model_and_task
-    from ..bench_screens import run_screens
+    from headedit.bench.discover import model_and_task
+    from headedit.bench.screens import run_screens
 
     model, tokenizer, task, examples, source = model_and_task(args.model, args.task or (
         "copy-second" if args.model in (None, "headedit:demo") else None), args.n)
@@ -147,7 +147,7 @@ def _gpu(args: argparse.Namespace, console: Any) -> int:
         batch = int(batch)
     import torch
 
-    from ..bench_gpu import DEFAULT_CONFIG, build_model, run_bench
+    from headedit.bench.gpu import DEFAULT_CONFIG, build_model, run_bench
 
     device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():

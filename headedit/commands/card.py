@@ -5,8 +5,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..card import write_card
-from ..errors import ExportError
+from headedit.export.card import write_card
+from headedit.errors import ExportError
 
 
 def add_parser(sub: Any) -> None:
@@ -20,13 +20,13 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, console: Any) -> int:
     export = args.export
     if export is None:
-        from ..export import default_export_dir, run_recipe
+        from headedit.pipeline.export import default_export_dir, run_recipe
 
         export = default_export_dir(Path(args.run), run_recipe(Path(args.run)))
     if not Path(export).is_dir():
         raise ExportError(f"export folder {export} not found", "bake it first (`headedit export RUN`) or pass --export DIR")
     if args.repo is not None:
-        from ..hub import check_repo_id
+        from headedit.export.hub import check_repo_id
 
         check_repo_id(args.repo)
     path = write_card(export, args.run, repo_id=args.repo)

@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
 
 def _retrained_recipe_text(text: str, model_dir: Path) -> str:
     """The demo recipe pointed at a freshly trained checkpoint instead of the committed one."""
-    from ..loading import DEMO_ID
+    from headedit.model.bundled import DEMO_ID
 
     return text.replace(f'id = "{DEMO_ID}"', f'id = "{model_dir.resolve().as_posix()}"', 1)
 
@@ -37,16 +37,16 @@ def _retrained_recipe_text(text: str, model_dir: Path) -> str:
 def run(args: argparse.Namespace, console: Any) -> int:
     from rich.rule import Rule
 
-    from ..pipeline import run as run_all
-    from ..recipe import parse_recipe
-    from ..render import render_heatmap, render_validation, rich_reporter
-    from ..runs import Run, SCREEN_FILE, SELECTION_FILE
-    from .inspect import inspect_model
+    from headedit.pipeline.stages import run as run_all
+    from headedit.recipe import parse_recipe
+    from headedit.commands.render import render_heatmap, render_validation, rich_reporter
+    from headedit.runs import Run, SCREEN_FILE, SELECTION_FILE
+    from headedit.commands.inspect import inspect_model
 
     started = time.monotonic()
     text = demo_recipe_text()
     if args.retrain:
-        from ..demo.train import train
+        from headedit.demo.train import train
 
         model_dir = Path(args.runs) / "demo-model"
         console.print(Rule("retrain the demo model (seed 0)"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import HeadeditError
-from ..runs import Run, SCREEN_FILE, SELECTION_FILE
+from headedit.errors import HeadeditError
+from headedit.runs import Run, SCREEN_FILE, SELECTION_FILE
 
 
 def add_parser(sub: Any) -> None:
@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> None:
 
 def print_outcome(console: Any, run_path: Any) -> None:
     """Heatmap, selection, and the machine-readable last line `selected: L.H,...`."""
-    from ..render import render_heatmap
+    from headedit.commands.render import render_heatmap
 
     found = Run.open(run_path)
     selection = found.read(SELECTION_FILE)
@@ -35,9 +35,9 @@ def print_outcome(console: Any, run_path: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from ..pipeline import discover
-    from ..recipe import load_recipe
-    from ..render import rich_reporter
+    from headedit.pipeline.stages import discover
+    from headedit.recipe import load_recipe
+    from headedit.commands.render import rich_reporter
 
     if args.resume and args.recipe:
         raise HeadeditError("give either a recipe or --resume RUN, not both", "headedit discover --resume RUN")
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
             path = discover(None, args.resume, resume=True, reporter=reporter)
         else:
             path = discover(load_recipe(args.recipe), args.out, reporter=reporter)
-    from ..distributed import is_main_process
+    from headedit.pipeline.distributed import is_main_process
 
     if not is_main_process():  # torchrun: rank 0 alone owns the run folder and prints the outcome
         return 0

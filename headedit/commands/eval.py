@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadeditError
-from ..heads import format_heads, parse_heads
+from headedit.errors import HeadeditError
+from headedit.model.heads import format_heads, parse_heads
 
 
 def add_parser(sub: Any) -> None:
@@ -36,9 +36,9 @@ def evaluate(
     chat: bool = False, chat_template_kwargs: dict | None = None,
 ) -> dict[str, Any]:
     """The numbers `headedit eval` prints and writes."""
-    from ..engine import Engine
-    from ..stats import wilson_interval
-    from ..tasks import get_task
+    from headedit.engine.core import Engine
+    from headedit.stats import wilson_interval
+    from headedit.tasks import get_task
 
     if limit is not None and limit < 1:
         raise HeadeditError(f"--limit must be at least 1, got {limit}", "e.g. --limit 100")
@@ -75,7 +75,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from ..loading import load_model
+    from headedit.model.loading import load_model
 
     model, tokenizer, layout = load_model(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
     kwargs = {"enable_thinking": False} if args.no_thinking else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..export import export_run
-from ..render_basic import progress_reporter
+from headedit.pipeline.export import export_run
+from headedit.commands.progress import progress_reporter
 
 
 def add_parser(sub: Any) -> None:

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadeditError
-from ..heads import HeadLayout
-from ..loading import check_shapes, read_config, resolve_model, weight_files
+from headedit.errors import HeadeditError
+from headedit.model.heads import HeadLayout
+from headedit.model.loading import check_shapes, read_config, resolve_model, weight_files
 
 
 def inspect_model(model: str, revision: str | None = None) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def _hub_sizes(repo_id: str, revision: str | None) -> tuple[int | None, list[str
 
 
 def _headers(file: Path) -> dict[str, Any]:
-    from ..loading import safetensors_header
+    from headedit.model.loading import safetensors_header
 
     return safetensors_header(file)
 

@@ -5,8 +5,8 @@ import argparse
 import json
 from typing import Any
 
-from ..plan import DEFAULT_DEVICES, Plan, device_flops, load_tokenizer, make_plan, plan_dtype, read_model_config
-from ..recipe import load_recipe
+from headedit.plan import DEFAULT_DEVICES, Plan, device_flops, load_tokenizer, make_plan, plan_dtype, read_model_config
+from headedit.recipe import load_recipe
 
 
 def build_plan(recipe_path: str, model: str | None = None, devices: list[str] | None = None) -> Plan:

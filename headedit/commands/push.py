@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..hub import push_export
-from ..render_basic import progress_reporter
+from headedit.export.hub import push_export
+from headedit.commands.progress import progress_reporter
 
 
 def add_parser(sub: Any) -> None:

@@ -16,11 +16,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from ..errors import RecipeError
-    from ..pipeline import run as run_all
-    from ..recipe import load_recipe
-    from ..render import render_validation, rich_reporter
-    from .discover import print_outcome
+    from headedit.errors import RecipeError
+    from headedit.pipeline.stages import run as run_all
+    from headedit.recipe import load_recipe
+    from headedit.commands.render import render_validation, rich_reporter
+    from headedit.commands.discover import print_outcome
 
     recipe = load_recipe(args.recipe)
     push = None

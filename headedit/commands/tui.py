@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadeditError
+from headedit.errors import HeadeditError
 
 
 def add_parser(sub: Any) -> None:

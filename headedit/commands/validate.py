@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..runs import write_text_atomic
+from headedit.runs import write_text_atomic
 
 
 def add_parser(sub: Any) -> None:
@@ -17,8 +17,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from ..pipeline import validate
-    from ..render import render_validation, rich_reporter
+    from headedit.pipeline.stages import validate
+    from headedit.commands.render import render_validation, rich_reporter
 
     with rich_reporter(console) as reporter:
         result = validate(args.run, reporter)

@@ -3,6 +3,6 @@
 `demo_model_path()` is the committed checkpoint; importing this package registers `copy-first` and
 `copy-second`. Training (`headedit.demo.train`) needs only torch and transformers.
 """
-from .tasks import demo_model_path
+from headedit.demo.tasks import demo_model_path
 
 __all__ = ["demo_model_path"]

@@ -16,11 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from ..heads import Head
-from ..tasks import register_task
-from . import data
-from .data import BOS, VOCAB
-from .tasks import PairTask, bundled_model_path
+from headedit.model.heads import Head
+from headedit.tasks import register_task
+from headedit.demo import data
+from headedit.demo.data import BOS, VOCAB
+from headedit.demo.tasks import PairTask
+from headedit.model.bundled import ADDSUB_ID, bundled_model_path
 
 ADDSUB_VOCAB: tuple[str, ...] = VOCAB + ("-",)  # 44 tokens: the copy demo's 43, then '-'
 AddSubTask = Literal["add-demo", "sub-demo"]
@@ -58,9 +59,7 @@ def target_text(task: AddSubTask, a: int, b: int) -> str:
 
 def addsub_model_path() -> Path:
     """The committed add/sub checkpoint folder."""
-    from ..loading import ADDSUB_ID, BUNDLED
-
-    return bundled_model_path(*BUNDLED[ADDSUB_ID])
+    return bundled_model_path(ADDSUB_ID)
 
 
 class AddSubDemoTask(PairTask):

@@ -11,14 +11,14 @@ and then the stop token are the greedy argmax.
 """
 from __future__ import annotations
 
-import importlib.resources
 import random
 from pathlib import Path
 
-from ..errors import ModelNotFoundError, TaskError
-from ..tasks import register_task
-from ..tasks.base import Example, Split, SplitName, Task
-from .data import (
+from headedit.errors import TaskError
+from headedit.model.bundled import DEMO_ID, bundled_model_path
+from headedit.tasks import register_task
+from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.demo.data import (
     EOS,
     N_DISCOVERY,
     N_HELDOUT,
@@ -31,31 +31,9 @@ from .data import (
     split_pairs,
 )
 
-def bundled_model_path(folder: str, label: str, script: str) -> Path:
-    """A checkpoint committed inside `headedit.demo` (config, tokenizer, model.safetensors), found through package
-    resources; `script` is the module that retrains it, named in the error when files are missing."""
-    path: Path | None = None
-    try:
-        candidate = importlib.resources.files("headedit.demo") / folder
-        if isinstance(candidate, Path):
-            path = candidate
-    except (ModuleNotFoundError, TypeError):
-        path = None
-    if path is None or not (path / "config.json").is_file():
-        path = Path(__file__).parent / folder
-    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise ModelNotFoundError(
-            f"the bundled {label} model is missing from {path}",
-            f"reinstall headedit, or retrain it with `python -m {script} OUT`",
-        )
-    return path
-
-
 def demo_model_path() -> Path:
     """The committed demo checkpoint folder (config, tokenizer, model.safetensors)."""
-    from ..loading import BUNDLED, DEMO_ID
-
-    return bundled_model_path(*BUNDLED[DEMO_ID])
+    return bundled_model_path(DEMO_ID)
 
 
 class PairTask(Task):

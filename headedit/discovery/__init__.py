@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..events import Reporter, null_reporter
-from .early_stop import EarlyStop
-from .scorer import Cancelled, EvalFn, Scorer
-from .search import SearchResult, SearchSpec, joint_search
-from .table import ScreenResult, topk_overlap
+from headedit.events import Reporter, null_reporter
+from headedit.discovery.early_stop import EarlyStop
+from headedit.discovery.scorer import Cancelled, EvalFn, Scorer
+from headedit.discovery.search import SearchResult, SearchSpec, joint_search
+from headedit.discovery.table import ScreenResult, topk_overlap
 
 
 def run_screen(
@@ -22,16 +22,16 @@ def run_screen(
     d = recipe.discovery
     layout = loaded.layout
     if d.screen == "single":
-        from .single import single_screen
+        from headedit.discovery.single import single_screen
 
         return single_screen(scorer, layout, early_stop, reporter)
     if d.screen == "compressed":
-        from .compressed import compressed_screen
+        from headedit.discovery.compressed import compressed_screen
 
         count = d.compressed_set_count(layout.total_heads)
         return compressed_screen(scorer, layout, count, d.compressed_fraction, d.seed, reporter)
     if d.screen == "gradient":
-        from .gradient import gradient_screen
+        from headedit.discovery.gradient import gradient_screen
 
         return gradient_screen(loaded.engine, loaded.task, examples, scorer, layout, reporter)
     raise ValueError(f"unknown screen {d.screen!r}")

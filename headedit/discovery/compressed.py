@@ -10,10 +10,10 @@ import warnings
 
 import numpy as np
 
-from ..events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from ..heads import Head, HeadLayout, format_heads
-from .scorer import Scorer
-from .table import ScreenResult
+from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import Head, HeadLayout, format_heads
+from headedit.discovery.scorer import Scorer
+from headedit.discovery.table import ScreenResult
 
 STAGE = "screen:compressed"
 

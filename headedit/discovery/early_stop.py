@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..stats import discordant, sign_test_worse
+from headedit.stats import discordant, sign_test_worse
 
 
 @dataclass(frozen=True)

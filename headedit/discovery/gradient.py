@@ -11,11 +11,11 @@ from typing import Any, Sequence
 
 import torch
 
-from ..events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from ..heads import HeadLayout
-from ..tasks.base import Example, Task
-from .scorer import Scorer
-from .table import ScreenResult
+from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import HeadLayout
+from headedit.tasks.base import Example, Task
+from headedit.discovery.scorer import Scorer
+from headedit.discovery.table import ScreenResult
 
 STAGE = "screen:gradient"
 

@@ -12,10 +12,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import RunError
-from ..events import Reporter, SetEvaluated, null_reporter
-from ..heads import Head, format_heads
-from ..runs import Journal
+from headedit.errors import RunError
+from headedit.events import Reporter, SetEvaluated, null_reporter
+from headedit.model.heads import Head, format_heads
+from headedit.runs import Journal
 
 # (head sets, first example, end example) -> bool array [len(sets), end - first]
 EvalFn = Callable[[list[tuple[Head, ...]], int, int], np.ndarray]

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Sequence
 
-from ..events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from ..heads import Head, format_heads
-from .scorer import Scorer
+from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import Head, format_heads
+from headedit.discovery.scorer import Scorer
 
 STAGE = "search"
 ALL_HEADS_ADDITIONS = 2  # how many first additions draw from every head when asked

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from ..heads import Head, HeadLayout
-from .early_stop import EarlyStop
-from .scorer import Scorer
-from .table import ScreenResult
+from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import Head, HeadLayout
+from headedit.discovery.early_stop import EarlyStop
+from headedit.discovery.scorer import Scorer
+from headedit.discovery.table import ScreenResult
 
 STAGE = "screen:single"
 

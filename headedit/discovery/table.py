@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..heads import Head
+from headedit.model.heads import Head
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Task registry. Tasks register themselves on import; `get_task` is the one way in."""
 from __future__ import annotations
 
-from ..errors import TaskError
-from .base import Example, Split, Task
+from headedit.errors import TaskError
+from headedit.tasks.base import Example, Split, Task
 
 _REGISTRY: dict[str, Task] = {}
 
@@ -22,11 +22,15 @@ def _load_builtin() -> None:
         except ModuleNotFoundError as err:
             if err.name != f"{__name__}.{module}":
                 raise
-    for module in ("headedit.demo.tasks", "headedit.demo.addsub_data"):
+    # Task plugins (the bundled demo among them) register through the `headedit.tasks` entry-point group, so
+    # the core never names them; a third-party package adds tasks the same way.
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group="headedit.tasks"):
         try:
-            importlib.import_module(module)
+            point.load()
         except ModuleNotFoundError as err:
-            if err.name != module:
+            if err.name != point.value:
                 raise
 
 

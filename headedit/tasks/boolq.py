@@ -10,10 +10,10 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import TaskError
-from . import register_task
-from .base import Example, Split, SplitName, Task
-from .data import data_dir_from, load_rows, local_file
+from headedit.errors import TaskError
+from headedit.tasks import register_task
+from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.tasks.data import data_dir_from, load_rows, local_file
 
 
 def pick(n_rows: int, size: int | None, seed: int, what: str) -> list[int]:

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import TaskError
+from headedit.errors import TaskError
 
 DATA_DIR_ENV = "HEADEDIT_DATA_DIR"
 

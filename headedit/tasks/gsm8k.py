@@ -20,10 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import TaskError
-from . import register_task
-from .base import Example, Split, SplitName, Task
-from .data import carve, load_rows
+from headedit.errors import TaskError
+from headedit.tasks import register_task
+from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.tasks.data import carve, load_rows
 
 QUESTION = "Question: {question}\nAnswer:"
 TARGET_DELIMITER = " "

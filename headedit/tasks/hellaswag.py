@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import TaskError
-from . import register_task
-from .base import Example, Split, SplitName, Task
-from .boolq import train_or_carve
+from headedit.errors import TaskError
+from headedit.tasks import register_task
+from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.tasks.boolq import train_or_carve
 
 
 def preprocess(text: str) -> str:

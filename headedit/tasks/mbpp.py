@@ -15,11 +15,11 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import TaskError
-from ..sandbox import Program, SandboxResult, run_many, run_program
-from . import register_task
-from .base import Example, Split, SplitName, Task
-from .data import carve, load_rows
+from headedit.errors import TaskError
+from headedit.tasks.sandbox import Program, SandboxResult, run_many, run_program
+from headedit.tasks import register_task
+from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.tasks.data import carve, load_rows
 
 PROMPT = (
     "You are an expert Python programmer, and here is your task: {text} "

@@ -23,7 +23,7 @@ seed = 7
 
 def make_source(folder: Path) -> Path:
     """A random-weight tiny Llama + tokenizer saved as safetensors (the 'source model')."""
-    from headedit.tiny import tiny_model, tiny_tokenizer
+    from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     model = tiny_model("llama", seed=3)
     model.save_pretrained(folder, safe_serialization=True)
@@ -67,13 +67,13 @@ def make_run(folder: Path, source: Path, heads: str = HEADS, passed: bool = True
 
 def make_export(root: Path, heads: str = HEADS, passed: bool = True, card: bool = True) -> tuple[Path, Path, Path]:
     """(source, run, export): bake `heads` of a tiny source, then write the card from the run into the export."""
-    from headedit.bake import bake
+    from headedit.export.bake import bake
 
     source = make_source(root / "source")
     run = make_run(root / "run", source, heads, passed)
     export = bake(source, heads, root / "export")
     if card:
-        from headedit.card import write_card
+        from headedit.export.card import write_card
 
         write_card(export, run)
     return source, run, export

@@ -14,7 +14,7 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight tiny Llama saved as safetensors with its tokenizer."""
-    from headedit.tiny import tiny_model, tiny_tokenizer
+    from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     path = tmp_path_factory.mktemp("tiny") / "model"
     tiny_model().save_pretrained(path)

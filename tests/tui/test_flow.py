@@ -26,7 +26,7 @@ def shot(app, name: str) -> None:
 
 def demo_available() -> bool:
     try:
-        from headedit.loading import resolve_model
+        from headedit.model.loading import resolve_model
         from headedit.tasks import get_task
 
         resolve_model("headedit:demo")
@@ -192,7 +192,7 @@ async def test_push_error_opens_modal_and_keeps_export(tmp_path: Path, monkeypat
         assert "push failed" in str(screen.query_one("#publish-status").render())
         await pilot.press("enter")
         assert app.screen is screen
-    from headedit.bake import verify_export
+    from headedit.export.bake import verify_export
 
     verify_export(export)  # the export still matches its manifest
     for name in ("model.safetensors", "config.json"):

@@ -8,7 +8,7 @@ import pytest
 from textual.app import App, ComposeResult
 
 from headedit.events import HeadScored, Log, StageFinished, StageProgress, StageStarted
-from headedit.heads import Head
+from headedit.model.heads import Head
 from headedit.tui.messages import PipelineEvent, reporter_for
 from headedit.tui.widgets.candidates import CandidateTable
 from headedit.tui.widgets.heatmap import HeadHeatmap, delta_color

@@ -16,10 +16,10 @@ from textual.widgets import Footer, Header, Label, Static
 
 from headedit.events import Log
 
-from ..messages import PipelineEvent
-from ..widgets.progress import StageProgressPanel
-from .base import StepScreen
-from .discovery import read_json
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.widgets.progress import StageProgressPanel
+from headedit.tui.screens.base import StepScreen
+from headedit.tui.screens.discovery import read_json
 
 
 def _pct(x: Any) -> str:
@@ -59,7 +59,7 @@ def results_table(validation: dict[str, Any]) -> Table:
 
 def record_choice(run_dir: Path, heads: str, reporter: Any) -> None:
     """Make `heads` the run's selection; the library keeps the search's own choice on record."""
-    from headedit import pipeline
+    from headedit.pipeline import stages as pipeline
 
     pipeline.select(run_dir, heads, reporter=reporter)
 
@@ -104,7 +104,7 @@ class BakeValidateScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="validate", name="validate")
     def run_validation(self, heads: str | None) -> dict[str, Any]:
-        from headedit import pipeline
+        from headedit.pipeline import stages as pipeline
 
         if heads is not None:
             record_choice(self.run_dir, heads, self.reporter)

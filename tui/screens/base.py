@@ -7,7 +7,7 @@ from typing import Any
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from ..messages import reporter_for
+from headedit.tui.messages import reporter_for
 
 
 class StepScreen(Screen):

@@ -12,13 +12,13 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 
 from headedit.errors import HeadeditError
-from headedit.heads import HeadLayout, format_heads, parse_heads
+from headedit.model.heads import HeadLayout, format_heads, parse_heads
 
-from ..messages import PipelineEvent
-from ..widgets.candidates import CandidateTable
-from ..widgets.heatmap import HeadHeatmap
-from .base import StepScreen
-from .discovery import read_json
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.widgets.candidates import CandidateTable
+from headedit.tui.widgets.heatmap import HeadHeatmap
+from headedit.tui.screens.base import StepScreen
+from headedit.tui.screens.discovery import read_json
 
 
 class CandidatesScreen(StepScreen):
@@ -144,7 +144,7 @@ class CandidatesScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="evaluate", name="evaluate")
     def evaluate(self, heads: str) -> tuple[str, float]:
-        from headedit.pipeline import evaluate_set
+        from headedit.pipeline.stages import evaluate_set
 
         return heads, float(evaluate_set(self.run_dir, heads, reporter=self.reporter))
 

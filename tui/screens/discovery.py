@@ -1,6 +1,6 @@
 """Discovery: live stage progress, the layer×head heatmap filling in, the journal as a log, and Cancel.
 
-The work is `headedit.pipeline.discover` in a thread worker; Cancel sets the threading.Event it polls, so
+The work is `headedit.pipeline.stages.discover` in a thread worker; Cancel sets the threading.Event it polls, so
 the run stops at its next checkpoint with every finished evaluation in the journal (resumable).
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ from textual.widgets import Footer, Header, Label, RichLog, Static
 
 from headedit.events import HeadScored, Log, SetEvaluated, StageFinished, StageStarted
 
-from ..messages import PipelineEvent
-from ..widgets.heatmap import HeadHeatmap
-from ..widgets.progress import StageProgressPanel
-from .base import StepScreen
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.widgets.heatmap import HeadHeatmap
+from headedit.tui.widgets.progress import StageProgressPanel
+from headedit.tui.screens.base import StepScreen
 
 
 def read_json(path: Path) -> Any:
@@ -82,7 +82,7 @@ class DiscoveryScreen(StepScreen):
             self.state = "done"
 
     def show_selection(self, selection: dict[str, Any]) -> None:
-        from headedit.heads import parse_heads
+        from headedit.model.heads import parse_heads
 
         self.query_one(HeadHeatmap).set_selected(parse_heads(selection.get("heads", "")))
         self.selected = selection.get("heads", "")
@@ -107,7 +107,7 @@ class DiscoveryScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="discover", name="discover")
     def run_discover(self, resume: bool) -> Path:
-        from headedit.pipeline import discover
+        from headedit.pipeline.stages import discover
 
         if resume:
             return discover(None, run_dir=self.run_dir, resume=True, reporter=self.reporter, cancel=self.cancel_event)

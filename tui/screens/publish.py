@@ -15,9 +15,9 @@ from textual.widgets import Button, Footer, Header, Input, Label, Markdown, Stat
 
 from headedit.errors import HeadeditError
 
-from ..messages import PipelineEvent
-from ..widgets.progress import StageProgressPanel
-from .base import StepScreen
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.widgets.progress import StageProgressPanel
+from headedit.tui.screens.base import StepScreen
 
 PREVIEW_DELAY = 0.4
 
@@ -73,12 +73,12 @@ class PublishScreen(StepScreen):
     # ---- export and preview -----------------------------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="export", name="export")
     def make_export(self) -> Path:
-        from headedit.export import default_export_dir, export_run, run_recipe, run_selection
+        from headedit.pipeline.export import default_export_dir, export_run, run_recipe, run_selection
 
         target = self.export_dir or default_export_dir(self.run_dir, run_recipe(self.run_dir))
         manifest = Path(target) / "headedit.json"
         if manifest.is_file():  # an earlier export of this run: reuse it when it holds the same heads
-            from headedit.bake import read_manifest
+            from headedit.export.bake import read_manifest
 
             if read_manifest(Path(target)).get("heads") == run_selection(self.run_dir).get("heads"):
                 return Path(target)
@@ -86,7 +86,7 @@ class PublishScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="preview", name="preview")
     def render_preview(self, repo_id: str | None) -> str:
-        from headedit.card import render_card
+        from headedit.export.card import render_card
 
         assert self.export_dir is not None
         card = render_card(self.export_dir, self.run_dir, repo_id=repo_id or None)
@@ -110,7 +110,7 @@ class PublishScreen(StepScreen):
         self.schedule_preview()
 
     def check_repo(self) -> str | None:
-        from headedit.hub import check_repo_id
+        from headedit.export.hub import check_repo_id
 
         repo = self.query_one("#repo", Input).value.strip()
         error = self.query_one("#repo-error", Static)
@@ -145,8 +145,8 @@ class PublishScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="push", name="push")
     def push(self, repo: str, private: bool) -> str:
-        from headedit.card import write_card
-        from headedit.hub import push_export
+        from headedit.export.card import write_card
+        from headedit.export.hub import push_export
 
         assert self.export_dir is not None
         write_card(self.export_dir, self.run_dir, repo_id=repo)  # the pushed card names the repo

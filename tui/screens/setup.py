@@ -16,10 +16,10 @@ from textual.widgets import Button, Footer, Header, Input, Label, OptionList, Se
 from textual.widgets.option_list import Option
 
 from headedit.errors import HeadeditError
-from headedit.heads import HeadLayout, parse_heads
+from headedit.model.heads import HeadLayout, parse_heads
 
-from .. import form
-from .base import StepScreen
+from headedit.tui import form
+from headedit.tui.screens.base import StepScreen
 
 CHOICES = {"screen": ("single", "compressed", "gradient"), "dtype": ("auto", "float32", "bfloat16", "float16")}
 INSPECT_DELAY = 0.4  # seconds of quiet typing before the model is inspected

@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from headedit.heads import Head, format_heads
+from headedit.model.heads import Head, format_heads
 
 LABEL_WIDTH = 5  # "L12 " + gap
 NEUTRAL = (58, 58, 58)

@@ -13,12 +13,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .ablation import ablate
-from .engine import Engine
-from .engine_batch import plan_example, stop_token_id
-from .engine_generate import finish_text, greedy_generate
-from .heads import Head, HeadLayout
-from .tasks.base import Example, Task
+from headedit.model.ablation import ablate
+from headedit.engine.core import Engine
+from headedit.engine.batch import plan_example, stop_token_id
+from headedit.engine.generate import finish_text, greedy_generate
+from headedit.model.heads import Head, HeadLayout
+from headedit.tasks.base import Example, Task
 
 
 @torch.no_grad()
@@ -61,7 +61,7 @@ _WORDS = ("the river city was built on a hill near old stone bridge where people
 
 def synthetic_boolq(n: int, seed: int = 0) -> list[Example]:
     """BoolQ-schema examples (passage, question, yes/no) made of common words; prompt format as the real task."""
-    from .tasks.boolq import BoolQTask
+    from headedit.tasks.boolq import BoolQTask
 
     rng = random.Random(seed)
     rows = []
@@ -73,7 +73,7 @@ def synthetic_boolq(n: int, seed: int = 0) -> list[Example]:
 
 
 def synthetic_hellaswag(n: int, seed: int = 0) -> list[Example]:
-    from .tasks.hellaswag import HellaSwagTask
+    from headedit.tasks.hellaswag import HellaSwagTask
 
     rng = random.Random(seed)
 
@@ -89,7 +89,7 @@ def synthetic_hellaswag(n: int, seed: int = 0) -> list[Example]:
 
 def bench_examples(task: Task, n: int, data_dir: str | None) -> tuple[list[Example], str]:
     """Real rows when a data folder is known (or for generated arithmetic), else synthetic rows of the schema."""
-    from .tasks.data import data_dir_from
+    from headedit.tasks.data import data_dir_from
 
     if task.name == "arithmetic" or data_dir_from(data_dir) is not None:
         split = task.load("heldout", n, 0, data_dir_from(data_dir))
@@ -105,7 +105,7 @@ def bench_examples(task: Task, n: int, data_dir: str | None) -> tuple[list[Examp
 def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data_dir: str | None = None,
               model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Time the engine and the reference on the same examples and head sets; compare per-example results."""
-    from .tiny import tiny_model, tiny_tokenizer
+    from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     torch.manual_seed(0)
     tokenizer = tokenizer or tiny_tokenizer()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .events import Event, Log, Reporter, StageFinished, StageProgress, StageStarted
+from headedit.events import Event, Log, Reporter, StageFinished, StageProgress, StageStarted
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .heads import Head, HeadLayout
+from headedit.model.heads import Head, HeadLayout
 
 
 def heads_to_mask(layout: HeadLayout, head_sets: list[Iterable[Head]], device: Any = None) -> torch.Tensor:

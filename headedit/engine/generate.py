@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from .ablation import ablate
-from .engine_batch import Plan
-from .heads import Head
-from .tasks.base import Example, Task
+from headedit.model.ablation import ablate
+from headedit.engine.batch import Plan
+from headedit.model.heads import Head
+from headedit.tasks.base import Example, Task
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from headedit.engine.core import Engine
 
 
 @dataclass(frozen=True)

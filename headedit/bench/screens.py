@@ -12,21 +12,21 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .discovery.scorer import Scorer
-from .discovery.table import ScreenResult, topk_overlap
-from .heads import HeadLayout
-from .runs import Journal
-from .tasks.base import Example, Task
+from headedit.discovery.scorer import Scorer
+from headedit.discovery.table import ScreenResult, topk_overlap
+from headedit.model.heads import HeadLayout
+from headedit.runs import Journal
+from headedit.tasks.base import Example, Task
 
 
 def run_screens(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example], k: int = 4,
                 fraction: float = 0.25, sets: int | None = None, seed: int = 0,
                 batch_size: int = 64) -> dict[str, Any]:
     """Per screen: wall seconds, distinct ablated sets evaluated, set-examples, its top-k, overlap@k with single."""
-    from .discovery.compressed import compressed_screen
-    from .discovery.gradient import gradient_screen
-    from .discovery.single import single_screen
-    from .engine import Engine
+    from headedit.discovery.compressed import compressed_screen
+    from headedit.discovery.gradient import gradient_screen
+    from headedit.discovery.single import single_screen
+    from headedit.engine.core import Engine
 
     layout = HeadLayout.from_model(model)
     examples = list(examples)

@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_dir
-from .bake import bake_into, read_manifest, write_manifest
-from .errors import ExportError, RunError
-from .events import Log, Reporter, null_reporter
-from .loading import resolve_model
+from headedit.atomic import atomic_dir
+from headedit.export.bake import bake_into, read_manifest, write_manifest
+from headedit.errors import ExportError, RunError
+from headedit.events import Log, Reporter, null_reporter
+from headedit.model.loading import resolve_model
 
 RUN_FILES_IN_EXPORT = ("recipe.toml", "validation.json", "selection.json", "screen.json")
 
@@ -30,7 +30,7 @@ def run_selection(run_dir: Path) -> dict[str, Any]:
 
 
 def run_recipe(run_dir: Path) -> Any:
-    from .recipe import load_recipe
+    from headedit.recipe import load_recipe
 
     path = Path(run_dir) / "recipe.toml"
     if not path.is_file():
@@ -52,7 +52,7 @@ def export_run(
 ) -> Path:
     """Bake the run's selected heads with card and run record into `out`; push when a repo is given."""
     run_dir = Path(run_dir)
-    from .runs import Run
+    from headedit.runs import Run
 
     Run.open(run_dir)  # a folder that is not a run, or one from a newer headedit, is refused here
     recipe = run_recipe(run_dir)
@@ -71,7 +71,7 @@ def export_run(
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, tmp / name)
         try:
-            from .card import write_card
+            from headedit.export.card import write_card
         except ImportError:  # pragma: no cover - card module ships with headedit
             write_card = None
         if write_card is not None and (run_dir / "validation.json").is_file():
@@ -79,7 +79,7 @@ def export_run(
         write_manifest(tmp, {k: v for k, v in manifest.items() if k != "files"} | {"run": recipe.name})
     reporter(Log(f"export written: {target}"))
     if push:
-        from .hub import push_export
+        from headedit.export.hub import push_export
 
         url = push_export(target, push, private=recipe.export.private if private is None else private, reporter=reporter)
         reporter(Log(f"pushed: {url}"))
@@ -89,7 +89,7 @@ def export_run(
 def _preflight_push(run_dir: Path, repo_id: str) -> None:
     """Refuse a push that cannot succeed (bad repo id, unvalidated run, no/bad/read-only token,
     foreign namespace) before baking, so a refused push leaves no export behind."""
-    from .hub import _check_account, _token, _validation_passed, check_repo_id, hub_errors
+    from headedit.export.hub import _check_account, _token, _validation_passed, check_repo_id, hub_errors
 
     check_repo_id(repo_id)
     try:

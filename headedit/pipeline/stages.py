@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import RecipeError, RunError
-from .events import Log, Reporter, StageFinished, StageStarted, null_reporter
-from .heads import Head, HeadLayout, format_heads, parse_heads
-from .runs import (
+from headedit.errors import RecipeError, RunError
+from headedit.events import Log, Reporter, StageFinished, StageStarted, null_reporter
+from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
+from headedit.runs import (
     JOURNAL_FILE, RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Journal, Run, default_run_dir,
     environment, weight_hashes,
 )
@@ -43,10 +43,10 @@ def load_for(recipe: Any, model_id: str | None = None, reporter: Reporter = null
     `placement` (`distributed.Placement`) says where: default from the recipe's device and max_memory,
     and under torchrun this process's GPU (or GPU slice).
     """
-    from .distributed import placement_for
-    from .engine import Engine
-    from .loading import load_model
-    from .tasks import get_task
+    from headedit.pipeline.distributed import placement_for
+    from headedit.engine.core import Engine
+    from headedit.model.loading import load_model
+    from headedit.tasks import get_task
 
     m = recipe.model
     where = placement or placement_for(m)
@@ -65,7 +65,7 @@ def load_for(recipe: Any, model_id: str | None = None, reporter: Reporter = null
 
 def load_split(recipe: Any, task: Any, split: str, size: int | None = None) -> Any:
     """A task split of the recipe's size; a short split is an error (sizes larger than the data)."""
-    from .errors import TaskError
+    from headedit.errors import TaskError
 
     want = size if size is not None else (recipe.task.discovery if split == DISCOVERY else recipe.task.heldout)
     data = task.load(split, size=want, seed=recipe.task.seed, data_dir=recipe.task.data_dir)
@@ -76,7 +76,7 @@ def load_split(recipe: Any, task: Any, split: str, size: int | None = None) -> A
 
 
 def run_recipe(run: Run) -> Any:
-    from .recipe import parse_recipe
+    from headedit.recipe import parse_recipe
 
     try:
         return parse_recipe(run.recipe_text, run.file(RECIPE_FILE))
@@ -88,7 +88,7 @@ def run_recipe(run: Run) -> Any:
 def _scorer(loaded: Loaded, journal: Journal, split_name: str, examples: Sequence[Any], reporter: Reporter,
             cancel: threading.Event | None, shard: Any = None):
     """The journaled scorer; with a `distributed.Shard`, each call's sets are split over the processes."""
-    from .discovery.scorer import Scorer
+    from headedit.discovery.scorer import Scorer
 
     def eval_fn(sets: list[tuple[Head, ...]], start: int, stop: int):
         return loaded.engine.correctness(loaded.task, examples[start:stop], sets)
@@ -100,7 +100,7 @@ def _scorer(loaded: Loaded, journal: Journal, split_name: str, examples: Sequenc
 
 
 def early_stop_for(recipe: Any, n: int):
-    from .discovery.early_stop import EarlyStop
+    from headedit.discovery.early_stop import EarlyStop
 
     if not recipe.discovery.early_stop:
         return None
@@ -110,8 +110,8 @@ def early_stop_for(recipe: Any, n: int):
 
 # ---- discover ---------------------------------------------------------------------------------
 def _run_info(recipe: Any) -> dict[str, Any]:
-    from . import __version__
-    from .loading import resolve_model
+    from headedit import __version__
+    from headedit.model.loading import resolve_model
 
     source = resolve_model(recipe.model.id, recipe.model.revision)
     revision = recipe.model.revision or (source.path.name if source.hub else None)
@@ -135,7 +135,7 @@ def discover(
 
     Under torchrun with several processes, `distributed.discover` shards every evaluation over them.
     """
-    from . import distributed
+    from headedit.pipeline import distributed
 
     if distributed.active():
         return distributed.discover(recipe, run_dir, resume, reporter, cancel)
@@ -162,8 +162,8 @@ def open_or_create_run(recipe: Any, run_dir: str | Path | None, resume: bool) ->
 
 def _preflight(recipe: Any) -> None:
     """Every cheap check that can fail, before a run folder exists (a refused run leaves nothing behind)."""
-    from .loading import check_remote_code, check_shapes, read_config, resolve_model, weight_files
-    from .tasks import get_task
+    from headedit.model.loading import check_remote_code, check_shapes, read_config, resolve_model, weight_files
+    from headedit.tasks import get_task
 
     source = resolve_model(recipe.model.id, recipe.model.revision)
     config = read_config(source.path)
@@ -177,11 +177,11 @@ def _preflight(recipe: Any) -> None:
 def _discover(run: Run, recipe: Any, journal: Journal, reporter: Reporter, cancel: threading.Event | None,
               shard: Any = None) -> None:
     """The discovery stages; `shard` (several processes) splits evaluations, and `run`/`journal` may be a
-    rank's read-only mirrors of rank 0's (see `headedit.distributed`)."""
-    from .autobatch import resolve_batch
-    from .discovery import run_screen
-    from .discovery.search import SearchSpec, joint_search
-    from .discovery.table import ScreenResult
+    rank's read-only mirrors of rank 0's (see `headedit.pipeline.distributed`)."""
+    from headedit.engine.autobatch import resolve_batch
+    from headedit.discovery import run_screen
+    from headedit.discovery.search import SearchSpec, joint_search
+    from headedit.discovery.table import ScreenResult
 
     loaded = load_for(recipe, reporter=reporter)
     split = load_split(recipe, loaded.task, DISCOVERY)
@@ -290,7 +290,7 @@ def select(run_dir: str | Path, heads: str | Sequence[Head], reporter: Reporter 
 # ---- validate and run ---------------------------------------------------------------------------
 def validate(run_dir: str | Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
     """Held-out intact vs the reloaded baked checkpoint; writes and returns validation.json's content."""
-    from .validate import validate_run
+    from headedit.pipeline.validate import validate_run
 
     return validate_run(Path(run_dir), reporter, cancel)
 
@@ -305,7 +305,7 @@ def run(
     cancel: threading.Event | None = None,
 ) -> tuple[Path, dict, Path | None]:
     """discover, validate, export: (run folder, validation, export folder or None when nothing was selected)."""
-    from .export import export_run
+    from headedit.pipeline.export import export_run
 
     path = discover(recipe, run_dir, reporter=reporter, cancel=cancel)
     result = validate(path, reporter, cancel)

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ExportError, HubError
-from .events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.errors import ExportError, HubError
+from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 
 MANIFEST = "headedit.json"
 # Files an export may hold besides those bake hashed into the manifest (written later by `card`/`export`).
@@ -30,7 +30,7 @@ def check_repo_id(repo_id: str) -> str:
 
 def _verify(export: Path) -> dict[str, Any]:
     """The export's manifest, after checking every listed file still has its recorded sha256."""
-    from .bake import verify_export
+    from headedit.export.bake import verify_export
 
     return verify_export(export)
 

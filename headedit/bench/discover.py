@@ -22,13 +22,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .discovery.early_stop import EarlyStop
-from .discovery.scorer import Scorer
-from .discovery.search import SearchSpec, joint_search
-from .discovery.single import single_screen
-from .heads import Head, HeadLayout, format_heads
-from .runs import Journal
-from .tasks.base import Example, Task
+from headedit.discovery.early_stop import EarlyStop
+from headedit.discovery.scorer import Scorer
+from headedit.discovery.search import SearchSpec, joint_search
+from headedit.discovery.single import single_screen
+from headedit.model.heads import Head, HeadLayout, format_heads
+from headedit.runs import Journal
+from headedit.tasks.base import Example, Task
 
 
 def _discover(eval_fn: Any, n: int, layout: HeadLayout, spec: SearchSpec, k: int, early_stop: EarlyStop | None,
@@ -57,8 +57,8 @@ def run_bench(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example
     (b) and (c) take well under a second on the demo, so each runs `repeat` times from cold (fresh engine and
     journal) and reports the fastest, as timeit does; (a) runs once. Every repeat must select the same heads.
     """
-    from .bench_eval import reference_correctness
-    from .engine import Engine
+    from headedit.bench.eval import reference_correctness
+    from headedit.engine.core import Engine
 
     layout = HeadLayout.from_model(model)
     examples = list(examples)
@@ -106,9 +106,9 @@ def run_bench(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example
 
 
 def model_and_task(model_id: str | None, task_name: str | None, n: int) -> tuple[Any, Any, Task, list, str]:
-    from .bench_eval import bench_examples
-    from .loading import load_model, resolve_model
-    from .tasks import get_task
+    from headedit.bench.eval import bench_examples
+    from headedit.model.loading import load_model, resolve_model
+    from headedit.tasks import get_task
 
     if model_id is None:
         try:
@@ -121,7 +121,7 @@ def model_and_task(model_id: str | None, task_name: str | None, n: int) -> tuple
         task = get_task(task_name or ("copy-first" if model_id == "headedit:demo" else "boolq"))
         examples = list(task.load("discovery", n, 0, None).examples)
         return model, tokenizer, task, examples, f"{model_id}, {task.name} discovery split"
-    from .tiny import tiny_model, tiny_tokenizer
+    from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     model = tiny_model(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128)
     task = get_task(task_name or "boolq")

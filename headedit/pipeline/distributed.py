@@ -19,9 +19,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import HeadeditError, RunError
-from .events import Reporter, null_reporter
-from .runs import JOURNAL_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, extend_entry
+from headedit.errors import HeadeditError, RunError
+from headedit.events import Reporter, null_reporter
+from headedit.runs import JOURNAL_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, extend_entry
 
 STAGE_FILES = (SCREEN_FILE, SEARCH_FILE, SELECTION_FILE)
 
@@ -192,7 +192,7 @@ class Shard:
     def wrap(self, eval_fn: Callable[[list, int, int], np.ndarray]) -> Callable[[list, int, int], np.ndarray]:
         import torch.distributed as dist
 
-        from .discovery.scorer import Cancelled
+        from headedit.discovery.scorer import Cancelled
 
         def sharded(sets: list, start: int, stop: int) -> np.ndarray:
             cancelled = bool(self.cancel is not None and self.cancel.is_set())
@@ -275,7 +275,7 @@ class RunMirror:
 def discover(recipe: Any = None, run_dir: str | Path | None = None, resume: bool = False,
              reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> Path:
     """`pipeline.discover` for one of several processes; every rank returns the run folder's path."""
-    from . import pipeline
+    from headedit.pipeline import stages as pipeline
 
     spec_device = getattr(getattr(recipe, "model", None), "device", "auto")
     import torch
@@ -306,7 +306,7 @@ def discover(recipe: Any = None, run_dir: str | Path | None = None, resume: bool
             if "error" in state:
                 message, hint, _ = state["error"]
                 raise RunError(f"rank 0 could not start: {message}", hint)
-            from .recipe import parse_recipe
+            from headedit.recipe import parse_recipe
 
             recipe = parse_recipe(state["recipe"], Path(state["path"]) / "recipe.toml")
             entries = [Entry(s, h, n, np.unpackbits(b, count=n).astype(bool), st, c)
@@ -324,7 +324,7 @@ def discover(recipe: Any = None, run_dir: str | Path | None = None, resume: bool
 
 def _open_main(recipe: Any, run_dir: str | Path | None, resume: bool, stack: ExitStack) -> tuple[Any, Any, Any]:
     """Rank 0: create or open the run folder, hold its lock and journal for the whole run."""
-    from .pipeline import open_or_create_run
+    from headedit.pipeline.stages import open_or_create_run
 
     run, recipe = open_or_create_run(recipe, run_dir, resume)
     stack.enter_context(run.lock())

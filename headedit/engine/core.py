@@ -1,14 +1,14 @@
 """The evaluation engine: per-example correctness of many ablation sets, exact and fast.
 
-What makes it fast, each piece tested for exactness against the plain reference path (`headedit.bench_eval`):
+What makes it fast, each piece tested for exactness against the plain reference path (`headedit.bench.eval`):
 - one teacher-forced forward per example decides greedy exact match (every target token is the argmax);
 - single-token choices need one forward per example; multi-token endings are packed after one shared context;
 - length-bucketed, right-padded batches (real tokens keep the positions they have unpadded);
-- several ablation sets per forward through per-row head masks (`headedit.ablation`);
+- several ablation sets per forward through per-row head masks (`headedit.model.ablation`);
 - the intact hidden states entering layer L are computed once per batch and reused by every set whose lowest
   ablated layer is L (an LRU bounded in bytes keeps them across calls on the same examples);
 - intact results, tokenization and batches are cached, so discovery can call `correctness` many times cheaply;
-- generated tasks reuse the intact model's greedy drafts (`headedit.engine_generate`).
+- generated tasks reuse the intact model's greedy drafts (`headedit.engine.generate`).
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .ablation import HeadAblation, heads_to_mask
-from .engine_batch import (
+from headedit.model.ablation import HeadAblation, heads_to_mask
+from headedit.engine.batch import (
     Batch, Plan, PrefilledTokenizer, make_batches, plan_example, repeat_batch_inputs, shift_batch, stop_token_id,
     texts_to_encode,
 )
-from .engine_scores import RawScores, aligned_spans, reduce_scores, to_host
-from .engine_prefix import HiddenCache, gathered_mlp_ok, logits_at, run_decoder
-from .heads import Head, HeadLayout
-from .tasks.base import Example, Task
+from headedit.engine.scores import RawScores, aligned_spans, reduce_scores, to_host
+from headedit.engine.prefix import HiddenCache, gathered_mlp_ok, logits_at, run_decoder
+from headedit.model.heads import Head, HeadLayout
+from headedit.tasks.base import Example, Task
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Engine:
         if not examples or not sets:
             return np.zeros((len(sets), len(examples)), dtype=bool)
         if task.kind == "generate":
-            from .engine_generate import generate_correctness
+            from headedit.engine.generate import generate_correctness
 
             return generate_correctness(self, task, list(examples), sets)
         plans = self.plans(task, examples)
@@ -175,7 +175,7 @@ class Engine:
     def answer_batches(self, task: Task, examples: Sequence[Example]) -> Iterator[TargetBatch]:
         """Batches for a caller's own forward+backward; see `TargetBatch`. No ablation is applied here."""
         if task.kind == "generate":
-            from .engine_generate import draft_plans
+            from headedit.engine.generate import draft_plans
 
             plans, keep = draft_plans(self, task, list(examples))
         else:

@@ -13,9 +13,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import HeadeditError
-from .events import Log, Reporter, null_reporter
-from .heads import Head
+from headedit.errors import HeadeditError
+from headedit.events import Log, Reporter, null_reporter
+from headedit.model.heads import Head
 
 CPU_BATCH = 16  # "auto" on CPU (and MPS): no probing
 START = 8  # first probe

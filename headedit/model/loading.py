@@ -8,16 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError, ModelNotFoundError
-from .heads import HeadLayout
+from headedit.errors import ModelLoadError, ModelNotFoundError
+from headedit.model.bundled import BUNDLED, bundled_model_path
+from headedit.model.heads import HeadLayout
 
-DEMO_ID = "headedit:demo"
-ADDSUB_ID = "headedit:addsub"  # the add/sub demo with planted heads (headedit/demo/addsub.py)
-# Checkpoints committed inside `headedit.demo`: id -> (folder, label, module that retrains it)
-BUNDLED = {
-    DEMO_ID: ("model", "demo", "headedit.demo.train"),
-    ADDSUB_ID: ("addsub_model", "add/sub demo", "headedit.demo.addsub"),
-}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Files a checkpoint needs besides its weights (config, generation config, tokenizer, chat template).
 SIDE_FILE_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
@@ -37,9 +31,7 @@ def resolve_model(model_id: str | os.PathLike, revision: str | None = None, weig
     """Local folder, `headedit:demo` / `headedit:addsub`, or a hub id resolved through huggingface_hub's cache."""
     text = str(model_id)
     if text in BUNDLED:
-        from .demo.tasks import bundled_model_path
-
-        return ModelSource(text, bundled_model_path(*BUNDLED[text]))
+        return ModelSource(text, bundled_model_path(text))
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_dir():

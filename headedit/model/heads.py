@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 if TYPE_CHECKING:
     import torch
 
-from .errors import HeadSpecError, UnsupportedModelError
+from headedit.errors import HeadSpecError, UnsupportedModelError
 
 # model_type -> module path of each layer's attention output projection.
 # Only layouts where o_proj's input is the concatenation of per-query-head outputs

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .ablation import to_device
-from .tasks.base import Example, Task
+from headedit.model.ablation import to_device
+from headedit.tasks.base import Example, Task
 
 
 @dataclass(frozen=True)

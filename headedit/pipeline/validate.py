@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from .heads import format_heads, parse_heads
-from .runs import SELECTION_FILE, VALIDATION_FILE, Journal, Run
-from .stats import format_p, paired_summary
+from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import format_heads, parse_heads
+from headedit.runs import SELECTION_FILE, VALIDATION_FILE, Journal, Run
+from headedit.stats import format_p, paired_summary
 
 STAGE = "validate"
 CHUNK = 64  # examples per engine call, for progress and resumability
@@ -48,7 +48,7 @@ def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: s
           tick: Callable[[int], None], cancel: threading.Event | None) -> np.ndarray:
     """Correctness of the engine's model as loaded (no hooks: the edit is in the weights), journaled chunk by
     chunk under `heads_key`, so a cancelled validation resumes without redoing finished chunks."""
-    from .discovery.scorer import Cancelled
+    from headedit.discovery.scorer import Cancelled
 
     n = len(examples)
     entry = journal.get(split_key, heads_key)
@@ -66,11 +66,11 @@ def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: s
 
 
 def validate_run(run_dir: Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
-    from .autobatch import resolve_batch
-    from .bake import bake
-    from .errors import RunError
-    from .pipeline import load_for, load_split, run_recipe
-    from .tasks import get_task
+    from headedit.engine.autobatch import resolve_batch
+    from headedit.export.bake import bake
+    from headedit.errors import RunError
+    from headedit.pipeline.stages import load_for, load_split, run_recipe
+    from headedit.tasks import get_task
 
     run = Run.open(run_dir)
     recipe = run_recipe(run)

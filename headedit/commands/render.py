@@ -12,9 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .events import Event, HeadScored, Log, StageFinished, StageProgress, StageStarted
-from .heads import parse_heads
-from .stats import format_p
+from headedit.events import Event, HeadScored, Log, StageFinished, StageProgress, StageStarted
+from headedit.model.heads import parse_heads
+from headedit.stats import format_p
 
 
 class RichReporter:

@@ -15,9 +15,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import ExportError, RunError
-from .heads import parse_heads
+from headedit import __version__
+from headedit.errors import ExportError, RunError
+from headedit.model.heads import parse_heads
 
 TEMPLATE = "headedit.md"
 CARD = "README.md"
@@ -219,7 +219,7 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     from huggingface_hub import ModelCard, ModelCardData
 
     export = Path(export_dir)
-    from .bake import read_manifest
+    from headedit.export.bake import read_manifest
 
     manifest = read_manifest(export)
     where = Path(run_dir) if run_dir is not None else export
@@ -304,9 +304,9 @@ def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_i
 
     The manifest's file hashes are extended to the written files, so `push` re-verifies them too.
     """
-    from .atomic import sha256_file
-    from .bake import MANIFEST, verify_export
-    from .heatmap_png import encode_png, heatmap_rgb
+    from headedit.atomic import sha256_file
+    from headedit.export.bake import MANIFEST, verify_export
+    from headedit.export.heatmap_png import encode_png, heatmap_rgb
 
     export = Path(export_dir)
     manifest = verify_export(export)

@@ -4,7 +4,7 @@ A random-weight model built from a real config.json (SmolLM3-3B by default: full
 heads, KV heads and vocabulary; no weights are downloaded) in bfloat16 with SDPA attention is loaded straight
 onto the GPU. Workload: the arithmetic task (the smollm3-arithmetic recipe's chat format), every head ablated
 alone plus intact, on `--n` examples, through the fast engine (set packing, prefix reuse, batch size found by
-`headedit.autobatch`). The naive path (one unbatched `generate` per example per set: `bench_eval`) runs on a
+`headedit.engine.autobatch`). The naive path (one unbatched `generate` per example per set: `bench_eval`) runs on a
 few of the same sets and examples; per (set, example) the two times give the fast/naive ratio, and the bits
 of those sets must be identical. Executed FLOPs are counted by hooks on every decoder layer and the LM head
 (real rows x positions, padding included), so TFLOP/s is what the GPU did, not a model.
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import HeadeditError
-from .heads import Head, HeadLayout
+from headedit.errors import HeadeditError
+from headedit.model.heads import Head, HeadLayout
 
 DEFAULT_CONFIG = "SmolLM3-3B/config.json"  # under $HEADEDIT_DATA_DIR/../tokenizers
 
@@ -32,7 +32,7 @@ class FlopCounter:
     """Counts executed matmul + attention FLOPs from the shapes that reach each decoder layer and the LM head."""
 
     def __init__(self, model: Any, layout: HeadLayout) -> None:
-        from .engine_prefix import decoder_parts
+        from headedit.engine.prefix import decoder_parts
 
         _, layers, head = decoder_parts(model)
         self.flops = 0.0
@@ -64,7 +64,7 @@ def build_model(config_file: Path | None, device: str, dtype: torch.dtype, tiny:
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from .tiny import tiny_config, tiny_tokenizer
+    from headedit.bench.tiny import tiny_config, tiny_tokenizer
 
     vocab = len(tiny_tokenizer())
     if tiny:
@@ -91,12 +91,12 @@ def build_model(config_file: Path | None, device: str, dtype: torch.dtype, tiny:
 
 def run_bench(model: Any, n: int = 128, naive_sets: int = 3, naive_n: int = 16, batch_size: int | str = "auto",
               reporter: Any = None) -> dict[str, Any]:
-    from .autobatch import resolve_batch
-    from .bench_eval import reference_correctness
-    from .engine import Engine
-    from .events import null_reporter
-    from .tasks import get_task
-    from .tiny import tiny_tokenizer
+    from headedit.engine.autobatch import resolve_batch
+    from headedit.bench.eval import reference_correctness
+    from headedit.engine.core import Engine
+    from headedit.events import null_reporter
+    from headedit.tasks import get_task
+    from headedit.bench.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     layout = HeadLayout.from_model(model)

@@ -9,8 +9,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .engine_batch import Batch
-from .tasks.base import Example, Task
+from headedit.engine.batch import Batch
+from headedit.tasks.base import Example, Task
 
 
 @dataclass

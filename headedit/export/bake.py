@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from . import __version__
-from .atomic import atomic_dir, sha256_file
-from .errors import ExportError, ModelLoadError
-from .events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from .heads import Head, HeadLayout, format_heads, parse_heads
-from .loading import SIDE_FILE_PATTERNS, ModelSource, check_shapes, read_config, resolve_model, weight_files
+from headedit import __version__
+from headedit.atomic import atomic_dir, sha256_file
+from headedit.errors import ExportError, ModelLoadError
+from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
+from headedit.model.loading import SIDE_FILE_PATTERNS, ModelSource, check_shapes, read_config, resolve_model, weight_files
 
 MANIFEST = "headedit.json"
 MANIFEST_FORMAT = 1
