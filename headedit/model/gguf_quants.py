@@ -151,3 +151,12 @@ def zero_rows(name: str, type_name: str, rows: np.ndarray, ranges: Sequence[tupl
         for j in (j % per_sb for j in subs if j // per_sb == sb):
             rule(view, j, d)
         blocks[:, sb, :] = view
+
+
+def touched_bytes(type_name: str, row_bytes: int, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Per-row byte mask of the blocks (whole super-blocks for K-quants) `zero_rows` may rewrite."""
+    block, size, _ = LAYOUTS[type_name]
+    mask = np.zeros(row_bytes, dtype=bool)
+    for start, end in ranges:
+        mask[start // block * size:-(-end // block) * size] = True
+    return mask
