@@ -1,4 +1,4 @@
-"""Folders that appear whole or not at all: write into a hidden sibling, rename at the end."""
+"""Files and folders that appear whole or not at all (temp sibling, fsync, rename): the one atomic writer."""
 from __future__ import annotations
 
 import errno
@@ -20,6 +20,26 @@ def sha256_file(path: Path, chunk: int = 8 * 2**20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, rename: a reader never sees half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def _inside(child: Path, parent: Path) -> bool:

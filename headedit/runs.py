@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -23,7 +22,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from headedit.errors import RunError
+from headedit.atomic import sha256_file, write_text_atomic
+from headedit.errors import RecipeError, RunError
+from headedit.recipe import Recipe, parse_recipe
 
 RUN_FORMAT = 1
 JOURNAL_FORMAT = 1
@@ -40,23 +41,6 @@ LOCK_FILE = "lock"
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# ---- atomic files ---------------------------------------------------------------------------
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, fsync, rename: a reader never sees half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -89,14 +73,6 @@ def environment(device: str | None = None) -> dict[str, str]:
     if device is not None:
         env["device"] = str(device)
     return env
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def weight_hashes(folder: Path | None) -> dict[str, str]:
@@ -261,6 +237,24 @@ class Run:
     def recipe_text(self) -> str:
         return (self.path / RECIPE_FILE).read_text(encoding="utf-8")
 
+    def recipe(self) -> Recipe:
+        """The recipe this run was created with; it must still validate."""
+        try:
+            return parse_recipe(self.recipe_text, self.file(RECIPE_FILE))
+        except RecipeError as err:
+            raise RunError(f"run {self.path}: its recipe.toml no longer validates: {err.message}",
+                           err.hint or "start a new run") from None
+
+    def selection(self) -> dict[str, Any]:
+        """selection.json: the selected head set and its discovery scores (a run without one is refused)."""
+        if not self.has(SELECTION_FILE):
+            raise RunError(f"run {self.path} has no selection yet",
+                           f"finish discovery first: headedit discover --resume {self.path}")
+        record = self.read(SELECTION_FILE)
+        if not isinstance(record, dict):
+            raise RunError(f"{self.file(SELECTION_FILE)} is not a JSON object", "delete it and resume the run")
+        return record
+
     def file(self, name: str) -> Path:
         return self.path / name
 
@@ -340,5 +334,5 @@ def default_run_dir(name: str, root: Path | None = None) -> Path:
 
 __all__ = [
     "RUN_FORMAT", "Journal", "Entry", "extend_entry", "Run", "run_lock", "environment", "weight_hashes", "sha256_file",
-    "write_json", "read_json", "write_text_atomic", "default_run_dir", "now",
+    "write_json", "read_json", "default_run_dir", "now",
 ]

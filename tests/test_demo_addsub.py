@@ -108,7 +108,7 @@ def test_zeroing_planted_heads_improves_subtraction(addsub):
 
 # ---- discovery finds them ------------------------------------------------------------------------
 def _discover(text: str, run_dir: Path) -> tuple[dict, dict, dict]:
-    from headedit.pipeline import stages as pipeline
+    from headedit import pipeline
     from headedit.recipe import parse_recipe
 
     path = pipeline.discover(parse_recipe(text, RECIPE), run_dir=run_dir)

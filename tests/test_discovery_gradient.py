@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import discovery_fixtures as F  # noqa: E402
 
 from headedit.discovery.gradient import gradient_screen  # noqa: E402
 from headedit.discovery.scorer import Scorer  # noqa: E402

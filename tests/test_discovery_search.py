@@ -14,7 +14,7 @@ from headedit.discovery.scorer import Cancelled, Scorer
 from headedit.discovery.search import SearchSpec, joint_search
 from headedit.discovery.single import single_screen
 from headedit.discovery.table import topk_overlap
-from headedit.model.heads import Head, HeadLayout, format_heads
+from headedit.model.heads import Head, HeadLayout
 from headedit.runs import Journal
 
 LAYOUT = HeadLayout.from_config(

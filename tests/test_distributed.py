@@ -18,8 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import discovery_fixtures as F  # noqa: E402  (registers the coin-test task)
 
-from headedit.pipeline import stages as pipeline  # noqa: E402
-from headedit.pipeline.distributed import MirrorJournal, Placement, place, share  # noqa: E402
+from headedit import pipeline  # noqa: E402
+from headedit.pipeline.parallel import MirrorJournal, Placement, place, share  # noqa: E402
 from headedit.errors import RunError  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
 from headedit.runs import Journal  # noqa: E402

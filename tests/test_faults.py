@@ -136,7 +136,7 @@ def committed_work(run: Path) -> int:
 def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
     import torch
 
-    from headedit.pipeline import stages as pipeline
+    from headedit import pipeline
     from headedit.recipe import parse_recipe
 
     text = F.recipe_text(model_dir, discovery=DISCOVERY_N, name="faults")

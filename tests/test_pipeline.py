@@ -17,11 +17,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import discovery_fixtures as F  # noqa: E402  (registers the coin-test task)
 
-from headedit.pipeline import stages as pipeline  # noqa: E402
+from headedit import pipeline  # noqa: E402
 from headedit.errors import RunError  # noqa: E402
 from headedit.model.heads import parse_heads  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
-from headedit.runs import Journal, Run, run_lock  # noqa: E402
+from headedit.runs import Journal, run_lock  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]

@@ -20,9 +20,10 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, console: Any) -> int:
     export = args.export
     if export is None:
-        from headedit.pipeline.export import default_export_dir, run_recipe
+        from headedit.pipeline.export import default_export_dir  # the pipeline loads lazily: fast CLI start
+        from headedit.runs import Run
 
-        export = default_export_dir(Path(args.run), run_recipe(Path(args.run)))
+        export = default_export_dir(Run.open(Path(args.run)).recipe())
     if not Path(export).is_dir():
         raise ExportError(f"export folder {export} not found", "bake it first (`headedit export RUN`) or pass --export DIR")
     if args.repo is not None:

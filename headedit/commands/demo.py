@@ -37,7 +37,7 @@ def _retrained_recipe_text(text: str, model_dir: Path) -> str:
 def run(args: argparse.Namespace, console: Any) -> int:
     from rich.rule import Rule
 
-    from headedit.pipeline.stages import run as run_all
+    from headedit.pipeline import run as run_all
     from headedit.recipe import parse_recipe
     from headedit.commands.render import render_heatmap, render_validation, rich_reporter
     from headedit.runs import Run, SCREEN_FILE, SELECTION_FILE

@@ -35,7 +35,7 @@ def print_outcome(console: Any, run_path: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from headedit.pipeline.stages import discover
+    from headedit.pipeline import discover
     from headedit.recipe import load_recipe
     from headedit.commands.render import rich_reporter
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
             path = discover(None, args.resume, resume=True, reporter=reporter)
         else:
             path = discover(load_recipe(args.recipe), args.out, reporter=reporter)
-    from headedit.pipeline.distributed import is_main_process
+    from headedit.pipeline.parallel import is_main_process
 
     if not is_main_process():  # torchrun: rank 0 alone owns the run folder and prints the outcome
         return 0

@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, console: Any) -> int:
     from headedit.errors import RecipeError
-    from headedit.pipeline.stages import run as run_all
+    from headedit.pipeline import run as run_all
     from headedit.recipe import load_recipe
     from headedit.commands.render import render_validation, rich_reporter
     from headedit.commands.discover import print_outcome

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from headedit.runs import write_text_atomic
+from headedit.atomic import write_text_atomic
 
 
 def add_parser(sub: Any) -> None:
@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from headedit.pipeline.stages import validate
+    from headedit.pipeline import validate
     from headedit.commands.render import render_validation, rich_reporter
 
     with rich_reporter(console) as reporter:

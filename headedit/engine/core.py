@@ -25,6 +25,7 @@ from headedit.engine.batch import (
     texts_to_encode,
 )
 from headedit.engine.scores import RawScores, aligned_spans, reduce_scores, to_host
+from headedit.engine.generate import draft_plans, generate_correctness
 from headedit.engine.prefix import HiddenCache, gathered_mlp_ok, logits_at, run_decoder
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks.base import Example, Task
@@ -118,8 +119,6 @@ class Engine:
         if not examples or not sets:
             return np.zeros((len(sets), len(examples)), dtype=bool)
         if task.kind == "generate":
-            from headedit.engine.generate import generate_correctness
-
             return generate_correctness(self, task, list(examples), sets)
         plans = self.plans(task, examples)
         raw = self.score_plans(plans, sets, spans=aligned_spans(len(examples), offset, block, doubling))
@@ -175,8 +174,6 @@ class Engine:
     def answer_batches(self, task: Task, examples: Sequence[Example]) -> Iterator[TargetBatch]:
         """Batches for a caller's own forward+backward; see `TargetBatch`. No ablation is applied here."""
         if task.kind == "generate":
-            from headedit.engine.generate import draft_plans
-
             plans, keep = draft_plans(self, task, list(examples))
         else:
             plans, keep = self.plans(task, examples), list(range(len(examples)))

@@ -10,13 +10,15 @@ import getpass
 import json
 import os
 import re
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from headedit import __version__
+from headedit.atomic import sha256_file, write_bytes_atomic
 from headedit.errors import ExportError, RunError
+from headedit.export.bake import MANIFEST, read_manifest, verify_export
+from headedit.export.heatmap_png import encode_png, heatmap_rgb
 from headedit.model.heads import parse_heads
 
 TEMPLATE = "headedit.md"
@@ -219,7 +221,6 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     from huggingface_hub import ModelCard, ModelCardData
 
     export = Path(export_dir)
-    from headedit.export.bake import read_manifest
 
     manifest = read_manifest(export)
     where = Path(run_dir) if run_dir is not None else export
@@ -288,26 +289,11 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     return ModelCard(scrub(str(card), keep=keep))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_id: str | None = None) -> Path:
     """Write README.md (and heads.png, recipe.toml, validation.json from the run) into a verified export.
 
     The manifest's file hashes are extended to the written files, so `push` re-verifies them too.
     """
-    from headedit.atomic import sha256_file
-    from headedit.export.bake import MANIFEST, verify_export
-    from headedit.export.heatmap_png import encode_png, heatmap_rgb
-
     export = Path(export_dir)
     manifest = verify_export(export)
     written: list[str] = []
@@ -321,7 +307,7 @@ def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_i
                               "bake the run's validated heads, or validate this head set")
         for name in ("recipe.toml", "validation.json"):
             if (run / name).is_file():  # published with the model: scrubbed like the card
-                _write_atomic(export / name, scrub((run / name).read_text(encoding="utf-8")).encode("utf-8"))
+                write_bytes_atomic(export / name, scrub((run / name).read_text(encoding="utf-8")).encode("utf-8"))
                 written.append(name)
     card = render_card(export, run_dir, repo_id)
     screen = _read_json((Path(run_dir) if run_dir is not None else export) / "screen.json")
@@ -329,15 +315,15 @@ def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_i
     if isinstance(delta, list) and delta and all(isinstance(r, list) for r in delta):
         heads_text = str(manifest.get("heads", ""))
         ablated = [(h.layer, h.head) for h in parse_heads(heads_text)] if heads_text else []
-        _write_atomic(export / HEATMAP, encode_png(heatmap_rgb(delta, ablated)))
+        write_bytes_atomic(export / HEATMAP, encode_png(heatmap_rgb(delta, ablated)))
         written.append(HEATMAP)
-    _write_atomic(export / CARD, str(card).encode("utf-8"))
+    write_bytes_atomic(export / CARD, str(card).encode("utf-8"))
     written.append(CARD)
     files = dict(manifest.get("files") or {})
     for name in written:
         files[name] = sha256_file(export / name)
     manifest["files"] = dict(sorted(files.items()))
-    _write_atomic(export / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
+    write_bytes_atomic(export / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
     return export / CARD
 
 

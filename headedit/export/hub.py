@@ -35,7 +35,7 @@ def _verify(export: Path) -> dict[str, Any]:
     return verify_export(export)
 
 
-def _validation_passed(export: Path, force: bool) -> None:
+def validation_passed(export: Path, force: bool) -> None:
     path = export / "validation.json"
     if not path.is_file():
         if force:
@@ -69,7 +69,7 @@ def _refuse_leaks(export: Path, paths: list[str], secret: str) -> None:
                               "remove the token from that file (and from the recipe it came from), then re-export")
 
 
-def _token(token: str | None) -> str:
+def hub_token(token: str | None) -> str:
     if token:
         return token
     from huggingface_hub import get_token
@@ -126,7 +126,7 @@ def hub_errors(repo_id: str, token: str | None = None, revision: str | None = No
                        "check your network connection or HF_ENDPOINT") from None
 
 
-def _check_account(api: Any, repo_id: str) -> None:
+def check_account(api: Any, repo_id: str) -> None:
     """Refuse early, with a clear line, a read-only token or a namespace the account cannot write to."""
     who = api.whoami()
     namespace = repo_id.split("/", 1)[0]
@@ -156,14 +156,14 @@ def push_export(
         raise ExportError(f"export folder {export} not found", "pass the folder written by `headedit bake` or `headedit export`")
     reporter(StageStarted("push", total=3, description=f"publishing to {repo_id}"))
     manifest = _verify(export)
-    _validation_passed(export, force)
+    validation_passed(export, force)
     paths = upload_paths(export, manifest)
     extra = sorted(p.name for p in export.iterdir() if p.is_file() and p.name not in paths)
     if extra:
         reporter(Log(f"not uploaded (not part of the export): {', '.join(extra)}", level="warning"))
     reporter(StageProgress("push", done=1, total=3))
 
-    secret = _token(token)
+    secret = hub_token(token)
     _refuse_leaks(export, paths, secret)
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
@@ -173,7 +173,7 @@ def push_export(
     disable_progress_bars()  # the library never prints; progress goes through events
     try:
         with hub_errors(repo_id, secret, revision):
-            _check_account(api, repo_id)
+            check_account(api, repo_id)
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             if revision and revision != "main":
                 api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")

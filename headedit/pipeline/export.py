@@ -5,40 +5,23 @@ re-verify exactly what was validated.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 from headedit.atomic import atomic_dir
-from headedit.export.bake import bake_into, read_manifest, write_manifest
+from headedit.export.bake import bake_into, write_manifest
 from headedit.errors import ExportError, RunError
 from headedit.events import Log, Reporter, null_reporter
+from headedit.export.card import write_card
+from headedit.export.hub import check_account, check_repo_id, hub_errors, hub_token, push_export, validation_passed
 from headedit.model.loading import resolve_model
+from headedit.recipe import Recipe
+from headedit.runs import RECIPE_FILE, SCREEN_FILE, SELECTION_FILE, VALIDATION_FILE, Run
 
-RUN_FILES_IN_EXPORT = ("recipe.toml", "validation.json", "selection.json", "screen.json")
-
-
-def run_selection(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "selection.json"
-    if not path.is_file():
-        raise RunError(f"{run_dir} has no selection.json", "finish discovery first: `headedit discover --resume RUN`")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise RunError(f"selection.json in {run_dir} is corrupt", "re-run the search: `headedit discover --resume RUN`") from None
+RUN_FILES_IN_EXPORT = (RECIPE_FILE, VALIDATION_FILE, SELECTION_FILE, SCREEN_FILE)
 
 
-def run_recipe(run_dir: Path) -> Any:
-    from headedit.recipe import load_recipe
-
-    path = Path(run_dir) / "recipe.toml"
-    if not path.is_file():
-        raise RunError(f"{run_dir} is not a headedit run folder (no recipe.toml)", "pass the folder `headedit discover` wrote")
-    return load_recipe(path)
-
-
-def default_export_dir(run_dir: Path, recipe: Any) -> Path:
+def default_export_dir(recipe: Recipe) -> Path:
     return Path(recipe.export.out) if recipe.export.out else Path("exports") / recipe.name
 
 
@@ -52,11 +35,9 @@ def export_run(
 ) -> Path:
     """Bake the run's selected heads with card and run record into `out`; push when a repo is given."""
     run_dir = Path(run_dir)
-    from headedit.runs import Run
-
-    Run.open(run_dir)  # a folder that is not a run, or one from a newer headedit, is refused here
-    recipe = run_recipe(run_dir)
-    selection = run_selection(run_dir)
+    run = Run.open(run_dir)  # a folder that is not a run, or one from a newer headedit, is refused here
+    recipe = run.recipe()
+    selection = run.selection()
     heads = selection.get("heads")
     if not heads:
         raise RunError(f"run {run_dir.name} selected no heads (no ablation improved discovery accuracy)",
@@ -64,23 +45,17 @@ def export_run(
     source = resolve_model(recipe.model.id, recipe.model.revision)
     if push:
         _preflight_push(run_dir, push)
-    target = Path(out) if out else default_export_dir(run_dir, recipe)
+    target = Path(out) if out else default_export_dir(recipe)
     with atomic_dir(target, force=force, protect=(source.path,)) as tmp:
         manifest = bake_into(source, heads, tmp, reporter)
         for name in RUN_FILES_IN_EXPORT:
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, tmp / name)
-        try:
-            from headedit.export.card import write_card
-        except ImportError:  # pragma: no cover - card module ships with headedit
-            write_card = None
-        if write_card is not None and (run_dir / "validation.json").is_file():
+        if run.has(VALIDATION_FILE):
             write_card(tmp, run_dir, repo_id=push or recipe.export.repo_id)
         write_manifest(tmp, {k: v for k, v in manifest.items() if k != "files"} | {"run": recipe.name})
     reporter(Log(f"export written: {target}"))
     if push:
-        from headedit.export.hub import push_export
-
         url = push_export(target, push, private=recipe.export.private if private is None else private, reporter=reporter)
         reporter(Log(f"pushed: {url}"))
     return target
@@ -89,19 +64,17 @@ def export_run(
 def _preflight_push(run_dir: Path, repo_id: str) -> None:
     """Refuse a push that cannot succeed (bad repo id, unvalidated run, no/bad/read-only token,
     foreign namespace) before baking, so a refused push leaves no export behind."""
-    from headedit.export.hub import _check_account, _token, _validation_passed, check_repo_id, hub_errors
-
     check_repo_id(repo_id)
     try:
-        _validation_passed(run_dir, force=False)
+        validation_passed(run_dir, force=False)
     except ExportError as err:
         raise ExportError(err.message, f"run `headedit validate {run_dir}` first; an unvalidated export can be "
                           "pushed only with `headedit push --force`") from None
-    secret = _token(None)
-    from huggingface_hub import HfApi
+    secret = hub_token(None)
+    from huggingface_hub import HfApi  # only when pushing: keeps the network stack out of plain exports
 
     with hub_errors(repo_id, secret):
-        _check_account(HfApi(token=secret), repo_id)
+        check_account(HfApi(token=secret), repo_id)
 
 
-__all__ = ["export_run", "run_selection", "run_recipe", "read_manifest"]
+__all__ = ["export_run", "default_export_dir"]

@@ -16,10 +16,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from headedit.discovery.scorer import Cancelled
 from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.model.heads import format_heads, parse_heads
-from headedit.runs import SELECTION_FILE, VALIDATION_FILE, Journal, Run
+from headedit.export.bake import bake
+from headedit.pipeline.loaded import load_for, load_split
+from headedit.runs import VALIDATION_FILE, Journal, Run
 from headedit.stats import format_p, paired_summary
+from headedit.tasks import get_task
 
 STAGE = "validate"
 CHUNK = 64  # examples per engine call, for progress and resumability
@@ -48,8 +52,6 @@ def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: s
           tick: Callable[[int], None], cancel: threading.Event | None) -> np.ndarray:
     """Correctness of the engine's model as loaded (no hooks: the edit is in the weights), journaled chunk by
     chunk under `heads_key`, so a cancelled validation resumes without redoing finished chunks."""
-    from headedit.discovery.scorer import Cancelled
-
     n = len(examples)
     entry = journal.get(split_key, heads_key)
     bits = entry.bits[:n] if entry is not None else np.zeros(0, dtype=bool)
@@ -65,18 +67,13 @@ def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: s
     return bits
 
 
-def validate_run(run_dir: Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
-    from headedit.engine.autobatch import resolve_batch
-    from headedit.export.bake import bake
-    from headedit.errors import RunError
-    from headedit.pipeline.stages import load_for, load_split, run_recipe
-    from headedit.tasks import get_task
+def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> dict:
+    """Held-out intact vs the reloaded baked checkpoint; writes and returns validation.json's content."""
+    from headedit.engine.autobatch import resolve_batch  # torch-backed; loaded with the model
 
-    run = Run.open(run_dir)
-    recipe = run_recipe(run)
-    if not run.has(SELECTION_FILE):
-        raise RunError(f"run {run.path} has no selection yet", f"finish discovery: headedit discover --resume {run.path}")
-    selection = run.read(SELECTION_FILE)
+    run = Run.open(Path(run_dir))
+    recipe = run.recipe()
+    selection = run.selection()
     with run.lock(), run.journal() as journal:
         loaded = load_for(recipe, reporter=reporter)
         heads = format_heads(parse_heads(str(selection.get("heads", "")), loaded.layout))

@@ -73,14 +73,16 @@ class PublishScreen(StepScreen):
     # ---- export and preview -----------------------------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="export", name="export")
     def make_export(self) -> Path:
-        from headedit.pipeline.export import default_export_dir, export_run, run_recipe, run_selection
+        from headedit.pipeline.export import default_export_dir, export_run
+        from headedit.runs import Run
 
-        target = self.export_dir or default_export_dir(self.run_dir, run_recipe(self.run_dir))
+        run = Run.open(self.run_dir)
+        target = self.export_dir or default_export_dir(run.recipe())
         manifest = Path(target) / "headedit.json"
         if manifest.is_file():  # an earlier export of this run: reuse it when it holds the same heads
             from headedit.export.bake import read_manifest
 
-            if read_manifest(Path(target)).get("heads") == run_selection(self.run_dir).get("heads"):
+            if read_manifest(Path(target)).get("heads") == run.selection().get("heads"):
                 return Path(target)
         return export_run(self.run_dir, out=target, reporter=self.reporter)
 

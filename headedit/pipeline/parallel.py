@@ -1,4 +1,4 @@
-"""Discovery over several processes (`torchrun --nproc_per_node N -m headedit discover ...`).
+"""Processes and placement for discovery over several processes (`torchrun --nproc_per_node N -m headedit discover ...`).
 
 Ablation sets are independent, so every process holds a model replica (or a slice of GPUs through a
 `device_map`), runs the same deterministic discovery loop, and evaluates only its share of each call's sets;
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,8 +19,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from headedit.errors import HeadeditError, RunError
-from headedit.events import Reporter, null_reporter
-from headedit.runs import JOURNAL_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, extend_entry
+from headedit.runs import SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, extend_entry
 
 STAGE_FILES = (SCREEN_FILE, SEARCH_FILE, SELECTION_FILE)
 
@@ -160,7 +158,7 @@ def init_process_group(backend: str) -> None:
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
 
 
-def _broadcast(obj: Any, device: str) -> Any:
+def broadcast(obj: Any, device: str) -> Any:
     import torch.distributed as dist
 
     box = [obj]
@@ -271,66 +269,5 @@ class RunMirror:
         self.info.update(fields)
 
 
-# ---- the entry point ----------------------------------------------------------------------------
-def discover(recipe: Any = None, run_dir: str | Path | None = None, resume: bool = False,
-             reporter: Reporter = null_reporter, cancel: threading.Event | None = None) -> Path:
-    """`pipeline.discover` for one of several processes; every rank returns the run folder's path."""
-    from headedit.pipeline import stages as pipeline
-
-    spec_device = getattr(getattr(recipe, "model", None), "device", "auto")
-    import torch
-
-    cuda = torch.cuda.is_available() and spec_device != "cpu"
-    init_process_group("nccl" if cuda else "gloo")
-    me = rank()
-    if not cuda:
-        device = "cpu"
-    else:
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(torch.device(device))
-    with ExitStack() as stack:
-        state: dict[str, Any]
-        if me == 0:
-            try:
-                run, journal, recipe = _open_main(recipe, run_dir, resume, stack)
-                state = {"recipe": run.recipe_text, "path": str(run.path), "info": dict(run.info),
-                         "files": {n: run.read(n) for n in STAGE_FILES if run.has(n)},
-                         "entries": [(e.split, e.heads, e.n, np.packbits(e.bits), e.stage, e.created)
-                                     for e in journal.entries()]}
-            except HeadeditError as err:
-                _broadcast({"error": (err.message, err.hint, type(err).__name__)}, device)
-                raise
-            _broadcast(state, device)
-        else:
-            state = _broadcast(None, device)
-            if "error" in state:
-                message, hint, _ = state["error"]
-                raise RunError(f"rank 0 could not start: {message}", hint)
-            from headedit.recipe import parse_recipe
-
-            recipe = parse_recipe(state["recipe"], Path(state["path"]) / "recipe.toml")
-            entries = [Entry(s, h, n, np.unpackbits(b, count=n).astype(bool), st, c)
-                       for s, h, n, b, st, c in state["entries"]]
-            journal = MirrorJournal(entries)
-            run = RunMirror(state["path"], state["info"], state["files"])
-            reporter = null_reporter
-        shard = Shard(device, cancel)
-        pipeline._discover(run, recipe, journal, reporter, None, shard=shard)
-    import torch.distributed as dist
-
-    dist.barrier()
-    return Path(state["path"])
-
-
-def _open_main(recipe: Any, run_dir: str | Path | None, resume: bool, stack: ExitStack) -> tuple[Any, Any, Any]:
-    """Rank 0: create or open the run folder, hold its lock and journal for the whole run."""
-    from headedit.pipeline.stages import open_or_create_run
-
-    run, recipe = open_or_create_run(recipe, run_dir, resume)
-    stack.enter_context(run.lock())
-    journal = stack.enter_context(run.journal())
-    return run, journal, recipe
-
-
 __all__ = ["world_size", "rank", "is_main_process", "active", "share", "Placement", "place", "placement_for",
-           "Shard", "MirrorJournal", "RunMirror", "discover", "JOURNAL_FILE"]
+           "Shard", "MirrorJournal", "RunMirror", "STAGE_FILES"]

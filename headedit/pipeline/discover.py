@@ -1,0 +1,134 @@
+"""The discovery stage: screen heads on the discovery split, then search joint ablations.
+
+One entry point, `discover`, for one process and for several (`torchrun`): ablation sets are independent, so
+every process holds a replica, runs the same deterministic loop and evaluates its share of each call's sets;
+only rank 0 touches the run folder (lock, the one journal, result files) and broadcasts what it already holds,
+so a run resumes with any number of processes. The held-out split is never loaded here.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headedit.discovery import run_screen
+from headedit.discovery.search import SearchSpec, joint_search
+from headedit.discovery.table import ScreenResult
+from headedit.errors import HeadeditError, RunError
+from headedit.events import Log, Reporter, null_reporter
+from headedit.model.heads import format_heads
+from headedit.pipeline.loaded import (
+    DISCOVERY, early_stop_for, load_for, load_split, open_or_create_run, scorer_for,
+)
+from headedit.pipeline.parallel import (
+    STAGE_FILES, MirrorJournal, RunMirror, Shard, active, init_process_group, rank, broadcast,
+)
+from headedit.recipe import Recipe, parse_recipe
+from headedit.runs import RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, Journal, Run, environment
+
+
+def discover(
+    recipe: Recipe | None = None,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    reporter: Reporter = null_reporter,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """Screen and search on the discovery split; returns the run folder (resumable at any point)."""
+    if active():
+        return _discover_processes(recipe, run_dir, resume, reporter, cancel)
+    run, recipe = open_or_create_run(recipe, run_dir, resume)
+    with run.lock(), run.journal() as journal:
+        run_discovery(run, recipe, journal, reporter, cancel)
+    return run.path
+
+
+def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | MirrorJournal, reporter: Reporter,
+                  cancel: threading.Event | None, shard: Shard | None = None) -> None:
+    """The discovery stages; `shard` (several processes) splits evaluations, and `run`/`journal` may be a
+    rank's read-only mirrors of rank 0's."""
+    from headedit.engine.autobatch import resolve_batch  # torch-backed; loaded with the model
+
+    loaded = load_for(recipe, reporter=reporter)
+    split = load_split(recipe, loaded.task, DISCOVERY)
+    env = environment(str(loaded.engine.device))
+    env["attn_implementation"] = str(getattr(loaded.model.config, "_attn_implementation", "") or "")
+    env["processes"] = str(shard.world_size if shard is not None else 1)
+    run.update_info(task={**run.info.get("task", {}), "data_note": split.note, "source": split.source,
+                          "discovery_n": len(split)},
+                    environment=env)
+    examples = list(split.examples)
+    resolve_batch(loaded.engine, recipe.model.batch_size, loaded.task, examples, run, reporter)
+    scorer = scorer_for(loaded, journal, DISCOVERY, examples, reporter, cancel, shard)
+    if run.has(SCREEN_FILE):
+        screen = ScreenResult.from_json(run.read(SCREEN_FILE))
+        reporter(Log(f"screen: reusing {SCREEN_FILE} ({screen.method})"))
+    else:
+        screen = run_screen(recipe, loaded, scorer, examples, early_stop_for(recipe, len(examples)), reporter)
+        run.write(SCREEN_FILE, screen.to_json())
+    if run.has(SELECTION_FILE) and run.has(SEARCH_FILE):
+        reporter(Log(f"search: reusing {SELECTION_FILE}"))
+        return
+    spec = SearchSpec.from_recipe(recipe.discovery)
+    candidates = screen.top(recipe.discovery.candidates)
+    result = joint_search(scorer, candidates, loaded.layout.all_heads(), spec, reporter)
+    run.write(SEARCH_FILE, result.to_json())
+    run.write(SELECTION_FILE, {
+        "heads": format_heads(result.selected), "discovery_acc": result.selected_acc,
+        "intact_acc": result.intact_acc, "gain_points": 100.0 * (result.selected_acc - result.intact_acc),
+        "n": len(examples), "screen": screen.method,
+    })
+
+
+def _discover_processes(recipe: Recipe | None, run_dir: str | Path | None, resume: bool, reporter: Reporter,
+                        cancel: threading.Event | None) -> Path:
+    """`discover` for one of several processes; every rank returns the run folder's path."""
+    import torch  # several processes mean torch.distributed; only this path needs it at this point
+    import torch.distributed as dist
+
+    spec_device = getattr(getattr(recipe, "model", None), "device", "auto")
+    cuda = torch.cuda.is_available() and spec_device != "cpu"
+    init_process_group("nccl" if cuda else "gloo")
+    if not cuda:
+        device = "cpu"
+    else:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(torch.device(device))
+    with ExitStack() as stack:
+        state: dict[str, Any]
+        run: Run | RunMirror
+        journal: Journal | MirrorJournal
+        if rank() == 0:
+            try:
+                run, recipe = open_or_create_run(recipe, run_dir, resume)
+                stack.enter_context(run.lock())
+                journal = stack.enter_context(run.journal())
+                state = {"recipe": run.recipe_text, "path": str(run.path), "info": dict(run.info),
+                         "files": {n: run.read(n) for n in STAGE_FILES if run.has(n)},
+                         "entries": [(e.split, e.heads, e.n, np.packbits(e.bits), e.stage, e.created)
+                                     for e in journal.entries()]}
+            except HeadeditError as err:
+                broadcast({"error": (err.message, err.hint, type(err).__name__)}, device)
+                raise
+            broadcast(state, device)
+        else:
+            state = broadcast(None, device)
+            if "error" in state:
+                message, hint, _ = state["error"]
+                raise RunError(f"rank 0 could not start: {message}", hint)
+            recipe = parse_recipe(state["recipe"], Path(state["path"]) / RECIPE_FILE)
+            entries = [Entry(s, h, n, np.unpackbits(b, count=n).astype(bool), st, c)
+                       for s, h, n, b, st, c in state["entries"]]
+            journal = MirrorJournal(entries)
+            run = RunMirror(state["path"], state["info"], state["files"])
+            reporter = null_reporter
+        run_discovery(run, recipe, journal, reporter, None, shard=Shard(device, cancel))
+    dist.barrier()
+    return Path(state["path"])
+
+
+__all__ = ["discover", "run_discovery"]
