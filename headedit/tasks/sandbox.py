@@ -1,30 +1,32 @@
-"""Run untrusted generated programs (MBPP) so that nothing they do can hurt the evaluator or the machine.
+"""Run untrusted generated programs (MBPP) so that nothing they do can hurt the evaluator or forge a pass.
 
-Layers, outermost first (each one alone would stop the hostile programs in tests/test_sandbox.py):
-- a fresh `python -I` process per program, in a new session/process group, in a new temporary folder as cwd,
-  with an environment holding only PATH; the whole group is SIGKILLed after a wall-clock backstop;
-- where `unshare` works (root): private network namespace (no network at all) and private PID namespace
-  (every descendant dies with the sandbox, `kill(-1)` reaches nothing outside);
-- as root: the runner drops to a throwaway uid (one per concurrent run) keeping only CAP_DAC_READ_SEARCH
-  (so it can still import the stdlib under /root), with no_new_privs; files it does not own are then
-  read-only to it and RLIMIT_NPROC becomes effective;
-- resource limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps;
-- in-process guards before user code, like OpenAI human-eval's `reliability_guard`: sockets, os.kill/system/
-  fork/exec/spawn, subprocess, shutil.rmtree, chmod/chown, exit()/quit() disabled; remove/unlink/rmdir/rename
-  and writing opens refused outside the program's folder.
+What is guaranteed, in which setting, and the test that checks each promise: docs/sandbox.md.
 
-A pass needs proof that the asserts ran: the runner writes a per-run random nonce after they return, on a
-descriptor the program's own output does not go to. `sys.exit(0)`/`os._exit(0)` before the asserts fail.
-Known limit: code that deliberately introspects the runner's memory could forge the nonce (as in human-eval).
+Isolation (`isolation()` says which applies):
+- "bwrap" (bubblewrap works here, as root or through an unprivileged user namespace): a private mount namespace
+  whose root holds only /usr, /lib*, the Python installation (all read-only), a fresh /proc, a minimal /dev and a
+  private size-limited tmpfs /tmp (the only writable place, gone afterwards); private network, PID, IPC and UTS
+  namespaces; no environment but PATH; as root, a throwaway uid with every capability dropped (bounding set too)
+  via setpriv, so RLIMIT_NPROC holds; without root, bwrap's user namespace with nested user namespaces disabled.
+- "weak" (no usable bubblewrap, or HEADEDIT_SANDBOX=weak): the earlier layers only, announced by a one-line
+  warning: `unshare` network/PID namespaces where they work, as root a throwaway uid that keeps
+  CAP_DAC_READ_SEARCH (it can read every file), rlimits and Python-level guards.
+Both: rlimits (address space, CPU, processes, file size, descriptors), a new session killed as a whole after a
+wall-clock backstop, and Python-level guards that turn accidents into readable errors (not a boundary).
+
+Verdict: the asserts' outcomes are decided outside the program's process (sandbox_verdict.py): the program's
+process reports only the values of the asserts' leaves, as plain data; comparisons run here or in a separate
+sandboxed check job that runs no program code. HEADEDIT_SANDBOX=bwrap refuses to run without bubblewrap.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
-import secrets
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -36,13 +38,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Literal, NamedTuple, Sequence
 
+from headedit.errors import TaskError
+from headedit.tasks.sandbox_runner import MAX_REPORT
+from headedit.tasks.sandbox_verdict import TestShapeError, fast_verdict, leaf_entries, plan_tests
+
 Status = Literal["passed", "failed", "timeout", "error", "killed"]
+Mode = Literal["bwrap", "weak"]
 
 UID_BASE = 61000  # throwaway uids for sandboxed programs when running as root
 UID_SPAN = 4000
 GRACE_S = 3.0  # interpreter start-up allowance before the parent's backstop kill
-NPROC_LIMIT = 32  # processes/threads a sandboxed program may have (per throwaway uid)
+NPROC_LIMIT = 32  # processes/threads a sandboxed program may have
 FSIZE_MB = 16  # largest file a program may write (its stdout/stderr included)
+TMPFS_MB = 64  # the private /tmp under bubblewrap
+CHECK_TIMEOUT_S = 5.0  # a check job runs no program code: comparisons of plain data only
+RUNNER = (Path(__file__).parent / "sandbox_runner.py").read_text(encoding="utf-8")
+log = logging.getLogger("headedit.sandbox")
 
 
 @dataclass(frozen=True)
@@ -60,173 +71,26 @@ class Program(NamedTuple):
 
 @dataclass(frozen=True)
 class Isolation:
-    """Which kernel-level layers are active for this process; the in-process guards always are."""
+    """Which kernel-level layers are active for this process; rlimits and the outside verdict always are."""
 
+    mode: Mode
     network_namespace: bool
     pid_namespace: bool
-    drop_privileges: bool
+    drop_privileges: bool  # as root: a throwaway uid (so RLIMIT_NPROC holds)
+    private_filesystem: bool  # only an allowlist of read-only folders plus a private tmpfs is visible
+    no_capabilities: bool
+    reason: str  # why bubblewrap is not used ("" when it is)
 
     def describe(self) -> str:
-        parts = [name for name, on in (("netns", self.network_namespace), ("pidns", self.pid_namespace),
-                                       ("uid-drop", self.drop_privileges)) if on]
-        return "+".join(parts + ["rlimits", "guards"])
+        parts = [name for name, on in (("fs", self.private_filesystem), ("netns", self.network_namespace),
+                                       ("pidns", self.pid_namespace), ("uid-drop", self.drop_privileges),
+                                       ("no-caps", self.no_capabilities)) if on]
+        return f"{self.mode}: " + "+".join(parts + ["rlimits"])
 
-
-# The child: reads its job, applies limits and guards, runs the program, reports on a private descriptor.
-_RUNNER = r'''
-import os, sys, json
-def _main():
-    with open(sys.argv[1], encoding="utf-8") as fh:
-        job = json.load(fh)
-    os.unlink(sys.argv[1])
-    nonce = job.pop("nonce").encode()
-    status_fd = os.dup(1)
-    os.dup2(2, 1)  # the program's own prints go to the size-limited log, never to the status channel
-    write, _exit = os.write, os._exit
-    def report(text):
-        write(status_fd, text.encode("utf-8", "replace")[:2000])
-    import resource, signal, builtins, ctypes
-    mb = 1024 * 1024
-    def limit(res, value):
-        try:
-            resource.setrlimit(res, (value, value))
-        except (ValueError, OSError):
-            pass
-    limit(resource.RLIMIT_CORE, 0)
-    limit(resource.RLIMIT_FSIZE, job["fsize_mb"] * mb)
-    limit(resource.RLIMIT_NOFILE, 256)
-    cpu = int(job["timeout_s"]) + 2
-    try:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    except (ValueError, OSError):
-        pass
-    nproc = job["nproc"]
-    if job["uid"] is None:  # not root: the count is per real uid, so leave room for what already runs
-        me = os.getuid()
-        tasks = 0
-        for p in os.listdir("/proc"):
-            try:
-                if p.isdigit() and os.stat("/proc/" + p).st_uid == me:
-                    tasks += len(os.listdir("/proc/%s/task" % p))
-            except OSError:
-                pass
-        nproc += tasks
-    limit(resource.RLIMIT_NPROC, nproc)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if job["uid"] is not None:
-        uid = job["uid"]
-        libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS: keep the permitted set across setresuid
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        class Hdr(ctypes.Structure):
-            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-        class Data(ctypes.Structure):
-            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-        data = (Data * 2)()
-        data[0].effective = data[0].permitted = 1 << 2  # CAP_DAC_READ_SEARCH only: read the stdlib, write nothing
-        if libc.capset(ctypes.byref(Hdr(0x20080522, 0)), data) != 0:
-            report("error: capset failed")
-            _exit(3)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    limit(resource.RLIMIT_AS, job["memory_mb"] * mb)
-    class _Timeout(BaseException):
-        pass
-    def on_alarm(signum, frame):
-        raise _Timeout()
-    signal.signal(signal.SIGALRM, on_alarm)
-    setitimer, ITIMER_REAL = signal.setitimer, signal.ITIMER_REAL
-    _guard()
-    program = job["code"] + "\n" + job["setup"] + "\n" + "\n".join(job["tests"]) + "\n"
-    del job
-    # Re-arm every 0.1 s so a program that swallows one timeout still gets the next.
-    setitimer(ITIMER_REAL, float(_TIMEOUT), 0.1)
-    try:
-        exec(compile(program, "<program>", "exec"), {})  # empty globals, as HF code_eval does
-        setitimer(ITIMER_REAL, 0)
-        report(nonce.decode())
-    except _Timeout:
-        setitimer(ITIMER_REAL, 0)
-        report("timeout")
-    except BaseException as err:
-        setitimer(ITIMER_REAL, 0)
-        try:
-            report("failed: %s: %s" % (type(err).__name__, str(err)[:300]))
-        except BaseException:
-            report("failed: %s" % type(err).__name__)
-    _exit(0)
-
-def _guard():
-    import builtins, shutil, subprocess, socket, _socket, signal
-    home = os.path.realpath(os.getcwd())
-    def inside(path):
-        try:
-            if isinstance(path, int):
-                return True
-            real = os.path.realpath(os.fsdecode(os.fspath(path)))
-        except (TypeError, ValueError):
-            return False
-        return real == home or real.startswith(home + os.sep) or real == "/dev/null"
-    def refuse(name):
-        def blocked(*args, **kwargs):
-            raise PermissionError(name + " is disabled in the sandbox")
-        return blocked
-    def confined(name, fn, nargs=1):
-        def checked(*args, **kwargs):
-            if not all(inside(a) for a in args[:nargs]):
-                raise PermissionError(name + " outside the sandbox folder is disabled")
-            return fn(*args, **kwargs)
-        return checked
-    real_open, real_os_open = builtins.open, os.open
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if any(c in mode for c in "wax+") and not inside(file):
-            raise PermissionError("writing outside the sandbox folder is disabled")
-        return real_open(file, mode, *args, **kwargs)
-    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    def guarded_os_open(path, flags, *args, **kwargs):
-        if flags & writing and not inside(path):
-            raise PermissionError("writing outside the sandbox folder is disabled")
-        return real_os_open(path, flags, *args, **kwargs)
-    builtins.open = guarded_open
-    import io
-    io.open = guarded_open
-    os.open = guarded_os_open
-    for name in ("remove", "unlink", "rmdir", "removedirs", "truncate", "mkdir", "makedirs", "mkfifo", "mknod"):
-        if hasattr(os, name):
-            setattr(os, name, confined("os." + name, getattr(os, name)))
-    for name in ("rename", "renames", "replace", "link", "symlink"):
-        if hasattr(os, name):
-            setattr(os, name, confined("os." + name, getattr(os, name), 2))
-    for name in ("kill", "killpg", "system", "popen", "fork", "forkpty", "vfork", "posix_spawn", "posix_spawnp",
-                 "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
-                 "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-                 "setuid", "seteuid", "setreuid", "setresuid", "setgid", "setsid", "setpgid", "putenv", "unsetenv",
-                 "chmod", "fchmod", "lchmod", "chown", "fchown", "lchown", "chroot", "chdir", "fchdir",
-                 "register_at_fork", "pidfd_open"):
-        if hasattr(os, name):
-            setattr(os, name, refuse("os." + name))
-    for name in ("rmtree", "move", "chown", "copytree"):
-        setattr(shutil, name, refuse("shutil." + name))
-    for name in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"):
-        setattr(subprocess, name, refuse("subprocess." + name))
-    for mod in (socket, _socket):
-        for name in ("socket", "socketpair", "fromfd", "create_connection", "create_server", "getaddrinfo"):
-            if hasattr(mod, name):
-                setattr(mod, name, refuse("socket." + name))
-    for name in ("signal", "setitimer", "alarm", "pthread_sigmask", "pthread_kill", "siginterrupt", "set_wakeup_fd"):
-        if hasattr(signal, name):  # the runner's timer must keep working
-            setattr(signal, name, refuse("signal." + name))
-    builtins.exit = refuse("exit()")
-    builtins.quit = refuse("quit()")
-    for name in ("ipdb", "joblib", "psutil", "tkinter", "resource"):
-        sys.modules[name] = None
-
-_TIMEOUT = float(sys.argv[2])
-_main()
-'''
 
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
+_warned = threading.Event()
 
 
 def _next_uid() -> int:
@@ -234,9 +98,96 @@ def _next_uid() -> int:
         return UID_BASE + next(_uid_counter) % UID_SPAN
 
 
+def _python() -> str:
+    """The base interpreter (a venv's python is a link to it; `-I` ignores the venv anyway)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _site_paths() -> list[str]:
+    """The evaluator's site-packages, put on the program's sys.path as lm-eval's in-process exec would see them
+    (the interpreter runs with -S: no .pth files run, start-up is 4x faster)."""
+    return [os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)]
+
+
+@lru_cache(maxsize=1)
+def _bwrap_options() -> frozenset[str]:
+    """The options this bwrap knows: --size (0.7) and --disable-userns (0.8) are used only where present."""
+    try:
+        done = subprocess.run([shutil.which("bwrap") or "bwrap", "--help"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(w for w in (done.stdout + done.stderr).split() if w.startswith("--"))
+
+
+@lru_cache(maxsize=1)
+def _layout() -> tuple[str, ...]:
+    """bwrap arguments for the filesystem: read-only /usr, /lib*, Python and its site-packages; private /tmp."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    bound = ["/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+            bound.append(top)
+    made: set[str] = set()
+    for path in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python()), *_site_paths()):
+        real = os.path.realpath(path)
+        if any(real == b or real.startswith(b + "/") for b in bound):
+            continue
+        parents = [p for p in Path(real).parents if str(p) != "/"]
+        for parent in reversed(parents):  # bwrap would create them 0700: the throwaway uid must pass through
+            if str(parent) not in made:
+                args += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        args += ["--ro-bind", real, real]
+        bound.append(real)
+    if os.path.isfile("/etc/ld.so.cache"):
+        args += ["--perms", "0755", "--dir", "/etc", "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    size = ["--size", str(TMPFS_MB * 1024 * 1024)] if "--size" in _bwrap_options() else []
+    return (*args, "--proc", "/proc", "--dev", "/dev", *size, "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp")
+
+
+def _bwrap_argv(uid: int | None) -> list[str]:
+    """The bubblewrap command in front of the interpreter; `uid` is the throwaway uid when we are root."""
+    bwrap = shutil.which("bwrap") or "bwrap"
+    argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", *_layout(),
+            "--cap-drop", "ALL"]
+    if uid is None:  # no root: bwrap's own user namespace, and none nested inside it
+        nested = ["--disable-userns"] if "--disable-userns" in _bwrap_options() else []
+        return [argv[0], "--unshare-user", *nested, *argv[1:], "--"]
+    setpriv = shutil.which("setpriv") or "setpriv"
+    # setpriv needs these three to switch uid and empty the bounding set; the switch to a non-zero uid then
+    # clears the permitted, effective and ambient sets, and --inh-caps the inheritable one.
+    return argv + ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--",
+                   setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                   "--bounding-set=-all", "--"]
+
+
+@lru_cache(maxsize=4)
+def _bwrap_problem(euid: int) -> str | None:
+    """Why bubblewrap cannot sandbox here (probed once per euid), or None when it can."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    if euid == 0 and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    cmd = [*_bwrap_argv(UID_BASE + UID_SPAN if euid == 0 else None), _python(), "-I", "-S", "-c", "import os"]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"bwrap could not start: {err}"
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"bwrap failed here: {tail[-1] if tail else f'exit status {done.returncode}'}"
+    return None
+
+
 @lru_cache(maxsize=4)
 def _unshare_prefix(euid: int) -> tuple[str, ...]:
-    """The widest `unshare` that works here (probed once per euid); () when none does."""
+    """Weak mode: the widest `unshare` that works here (probed once per euid); () when none does."""
     exe = shutil.which("unshare")
     if exe is None:
         return ()
@@ -252,10 +203,33 @@ def _unshare_prefix(euid: int) -> tuple[str, ...]:
     return ()
 
 
+def _mode() -> tuple[Mode, str]:
+    """bwrap when it works; otherwise the weak mode with a loud warning, or a refusal under HEADEDIT_SANDBOX=bwrap."""
+    want = (os.environ.get("HEADEDIT_SANDBOX") or "auto").strip().lower()
+    if want not in ("auto", "bwrap", "weak"):
+        raise TaskError(f"HEADEDIT_SANDBOX={want!r} is not a sandbox mode", "use auto, bwrap or weak")
+    if want == "weak":
+        return "weak", "HEADEDIT_SANDBOX=weak"
+    problem = _bwrap_problem(os.geteuid())
+    if problem is None:
+        return "bwrap", ""
+    if want == "bwrap":
+        raise TaskError(f"HEADEDIT_SANDBOX=bwrap but {problem}",
+                        "install bubblewrap (apt-get install bubblewrap) or unset HEADEDIT_SANDBOX")
+    if not _warned.is_set():
+        _warned.set()
+        log.warning("WARNING: %s; model-written code runs in the WEAK sandbox (it can read your files and write to "
+                    "world-writable folders): install bubblewrap, see docs/sandbox.md", problem)
+    return "weak", problem
+
+
 def isolation() -> Isolation:
+    mode, reason = _mode()
+    root = os.geteuid() == 0
+    if mode == "bwrap":
+        return Isolation("bwrap", True, True, root, True, True, "")
     prefix = _unshare_prefix(os.geteuid())
-    return Isolation(network_namespace="--net" in prefix, pid_namespace="--pid" in prefix,
-                     drop_privileges=os.geteuid() == 0)
+    return Isolation("weak", "--net" in prefix, "--pid" in prefix, root, False, False, reason)
 
 
 def _read_tail(path: Path, limit: int = 2000) -> str:
@@ -284,35 +258,33 @@ def _wait_unreaped(pid: int, deadline: float) -> bool:
         delay = min(delay * 2, 0.05)
 
 
-def run_program(code: str, tests: Sequence[str], setup: str = "", timeout_s: float = 10,
-                memory_mb: int = 512) -> SandboxResult:
-    """Run `code`, then `setup`, then each test line in one fresh sandboxed interpreter.
-
-    `timeout_s` bounds the program's own run time (the timer starts after interpreter start-up, as in
-    HF code_eval); the parent kills the whole process group at `timeout_s + GRACE_S` regardless.
-    """
-    nonce = secrets.token_hex(16)
+def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dict:
+    """Run one runner job in a fresh sandbox: its parsed one-line report, or why there is none."""
+    mode, _ = _mode()
     euid = os.geteuid()
     uid = _next_uid() if euid == 0 else None
     work = Path(tempfile.mkdtemp(prefix="headedit-sbx-"))
     try:
-        os.chmod(work, 0o711)  # the program may pass through to its folder, never list or read ours
-        box = work / "box"
-        box.mkdir(mode=0o700)
-        if uid is not None:
-            os.chown(box, uid, uid)
-        job_path = work / "job.json"
-        fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"nonce": nonce, "code": code, "setup": setup, "tests": list(tests), "uid": uid,
-                       "memory_mb": int(memory_mb), "timeout_s": float(timeout_s), "nproc": NPROC_LIMIT,
-                       "fsize_mb": FSIZE_MB}, fh)
-        cmd = [*_unshare_prefix(euid), sys.executable, "-I", "-B", "-c", _RUNNER, str(job_path), repr(float(timeout_s))]
-        with open(work / "status", "wb") as status, open(work / "log", "wb") as log:
+        job = {**job, "timeout_s": float(timeout_s), "memory_mb": int(memory_mb), "nproc": NPROC_LIMIT,
+               "fsize_mb": FSIZE_MB, "sys_path": _site_paths(), "weak_uid": uid if mode == "weak" else None,
+               "count_own_tasks": mode == "weak" and uid is None, "expect_no_caps": mode == "bwrap"}
+        if mode == "bwrap":
+            cwd, prefix = work, _bwrap_argv(uid)
+        else:
+            os.chmod(work, 0o711)  # the program may pass through to its folder, never list or read ours
+            cwd = work / "box"
+            cwd.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(cwd, uid, uid)
+            prefix = list(_unshare_prefix(euid))
+        (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        cmd = [*prefix, _python(), "-I", "-S", "-B", "-c", RUNNER]
+        with open(work / "job.json", "rb") as stdin, open(work / "report", "wb") as report, \
+                open(work / "log", "wb") as logfile:
             try:
-                proc = subprocess.Popen(cmd, cwd=box, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                                        stdin=subprocess.DEVNULL, stdout=status, stderr=log,
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(cmd, cwd=cwd, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                        stdin=stdin, stdout=report, stderr=logfile, start_new_session=True,
+                                        close_fds=True)
             except OSError as err:
                 return SandboxResult(False, "error", f"could not start the sandbox: {err}")
             started = time.monotonic()
@@ -323,20 +295,20 @@ def run_program(code: str, tests: Sequence[str], setup: str = "", timeout_s: flo
                 pass
             returncode = proc.wait()
             ran_s = time.monotonic() - started
-        report = _read_tail(work / "status").strip()
-        if report == nonce:
-            return SandboxResult(True, "passed", "")
+        parsed = _parse_report(work / "report")
+        if isinstance(parsed, dict):
+            if "timeout" in parsed:
+                return SandboxResult(False, "timeout", f"still running after {float(timeout_s):g}s")
+            if "failed" in parsed:
+                return SandboxResult(False, "failed", str(parsed["failed"])[:500])
+            if "error" in parsed:
+                return SandboxResult(False, "error", str(parsed["error"])[:500])
+            return parsed
         if not exited:
             return SandboxResult(False, "timeout", f"killed after {float(timeout_s) + GRACE_S:g}s wall clock")
-        if report == "timeout":
-            return SandboxResult(False, "timeout", f"still running after {float(timeout_s):g}s")
-        if report.startswith("failed"):
-            return SandboxResult(False, "failed", report[len("failed: "):])
-        if report.startswith("error"):
-            return SandboxResult(False, "error", report[len("error: "):])
         if ran_s >= float(timeout_s) and returncode != 0:
-            # Outlived its budget and died without a report: the CPU-time rlimit (SIGXCPU, then SIGKILL) or
-            # the backstop stopped it. Under `unshare --kill-child` the signal is not passed on (exit 1).
+            # Outlived its budget and died without a report: the CPU-time rlimit (SIGXCPU, then SIGKILL) or the
+            # backstop stopped it. bwrap and `unshare --kill-child` do not pass the signal on.
             return SandboxResult(False, "timeout", f"stopped by the CPU-time limit after {ran_s:.1f}s")
         if returncode < 0 or returncode >= 128:
             signum = -returncode if returncode < 0 else returncode - 128
@@ -346,12 +318,65 @@ def run_program(code: str, tests: Sequence[str], setup: str = "", timeout_s: flo
                 name = f"signal {signum}"
             return SandboxResult(False, "killed", f"terminated by {name}")
         if returncode == 0:
-            return SandboxResult(False, "failed", "exited before the tests finished")
+            return SandboxResult(False, "failed", "exited before the tests finished" +
+                                 (" (its report was not valid)" if parsed else ""))
         tail = _read_tail(work / "log", 600).strip().splitlines()
         return SandboxResult(False, "error" if returncode != 1 else "failed",
                              f"exit status {returncode}" + (f": {tail[-1]}" if tail else ""))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _parse_report(path: Path) -> dict | str:
+    """The report as a one-key dict, "" when there is none, or "invalid" (the program may write anything)."""
+    try:
+        if path.stat().st_size > MAX_REPORT + 4096:
+            return "invalid"
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return "invalid"
+    if not text.strip():
+        return ""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return "invalid"
+    return data if isinstance(data, dict) and len(data) == 1 else "invalid"
+
+
+def run_program(code: str, tests: Sequence[str], setup: str = "", timeout_s: float = 10,
+                memory_mb: int = 512) -> SandboxResult:
+    """Run `code`, then `setup`, then the tests in one fresh sandbox; the asserts are decided outside it.
+
+    `timeout_s` bounds the program's own run time (the timer starts after interpreter start-up, as in
+    HF code_eval); the parent kills the whole sandbox at `timeout_s + GRACE_S` regardless.
+    """
+    try:
+        plan = plan_tests(code, setup, list(tests))
+    except TestShapeError as err:
+        return SandboxResult(False, "error", str(err))
+    outcome = _run_job({"kind": "program", "code": code, "setup": setup, "steps": plan.steps}, timeout_s, memory_mb)
+    if isinstance(outcome, SandboxResult):
+        return outcome
+    steps = leaf_entries(plan, outcome)
+    if steps is None:
+        return SandboxResult(False, "failed", "the program's report does not match its tests (it interfered)")
+    verdicts = [fast_verdict(check, entries) for check, entries in zip(plan.asserts, steps)]
+    pending = [i for i, v in enumerate(verdicts) if v is None]
+    if pending and all(v is None or v[0] for v in verdicts):
+        checked = _run_job({"kind": "check", "asserts": [{"template": plan.asserts[i].template, "leaves": steps[i]}
+                                                         for i in pending]}, CHECK_TIMEOUT_S, memory_mb)
+        results = checked.get("verdicts") if isinstance(checked, dict) else None
+        if not (isinstance(results, list) and len(results) == len(pending)
+                and all(isinstance(r, list) and len(r) == 2 for r in results)):
+            why = checked.detail if isinstance(checked, SandboxResult) else "an unreadable report"
+            return SandboxResult(False, "error", f"the check job failed: {why}")
+        for i, (ok, why) in zip(pending, results):
+            verdicts[i] = (ok is True, why or f"AssertionError: {plan.asserts[i].source}")
+    for v in verdicts:
+        if v is not None and not v[0]:
+            return SandboxResult(False, "failed", v[1])
+    return SandboxResult(True, "passed", "")
 
 
 def default_workers() -> int:
