@@ -22,6 +22,7 @@ import pytest
 from headedit.errors import TaskError
 from headedit.tasks import sandbox
 from headedit.tasks.sandbox import GRACE_S, UID_BASE, UID_SPAN, Program, isolation, run_many, run_program
+from headedit.tasks.sandbox_seccomp import seccomp_program
 from headedit.tasks.sandbox_verdict import plan_tests
 
 T = 2.0  # each hostile program's own time budget; the parent's backstop is T + GRACE_S
@@ -389,13 +390,17 @@ def test_secrets_and_host_files_are_unreadable(tmp_path):
 
 
 @needs_bwrap
-def test_every_capability_is_dropped_and_the_uid_owns_nothing():
+def test_every_capability_is_dropped_and_no_user_namespace_can_be_made():
     caps = "[line.split()[1] for line in open('/proc/self/status') if line.startswith(('Cap', 'NoNewPrivs'))]"
     tests = [f"assert {caps} == ['0000000000000000'] * 5 + ['1']", "assert os.getuid() != 0",
              "assert os.getgroups() == []"]
     if ROOT:
         tests.append(f"assert {UID_BASE} <= os.getuid() < {UID_BASE + UID_SPAN}")
-    res = run_program("import os", tests)
+    if seccomp_program() is not None:  # the filter: no user namespace through unshare or clone; threads still work
+        tests += ["assert libc.unshare(0x10000000) == -1 and ctypes.get_errno() == 1",
+                  "assert [t.start() or t.join() for t in [threading.Thread(target=print) for _ in range(4)]]",
+                  "assert libc.system(b'exit 3') == 3 << 8"]
+    res = run_program("import ctypes, os, threading\nlibc = ctypes.CDLL(None, use_errno=True)", tests)
     assert res.passed, res
 
 

@@ -40,6 +40,7 @@ from typing import Iterable, Literal, NamedTuple, Sequence
 
 from headedit.errors import TaskError
 from headedit.tasks.sandbox_runner import MAX_REPORT
+from headedit.tasks.sandbox_seccomp import seccomp_program
 from headedit.tasks.sandbox_verdict import TestShapeError, fast_verdict, leaf_entries, plan_tests
 
 Status = Literal["passed", "failed", "timeout", "error", "killed"]
@@ -149,12 +150,22 @@ def _layout() -> tuple[str, ...]:
     return (*args, "--proc", "/proc", "--dev", "/dev", *size, "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp")
 
 
-def _bwrap_argv(uid: int | None) -> list[str]:
+def _open_seccomp(folder: Path) -> int | None:
+    """A read-only descriptor on the seccomp filter (sandbox_seccomp.py), None where there is no filter."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    (folder / "seccomp.bpf").write_bytes(program)
+    return os.open(folder / "seccomp.bpf", os.O_RDONLY)
+
+
+def _bwrap_argv(uid: int | None, seccomp_fd: int | None) -> list[str]:
     """The bubblewrap command in front of the interpreter; `uid` is the throwaway uid when we are root."""
     bwrap = shutil.which("bwrap") or "bwrap"
+    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", *_layout(),
-            "--cap-drop", "ALL"]
+            *seccomp, "--cap-drop", "ALL"]
     if uid is None:  # no root: bwrap's own user namespace, and none nested inside it
         nested = ["--disable-userns"] if "--disable-userns" in _bwrap_options() else []
         return [argv[0], "--unshare-user", *nested, *argv[1:], "--"]
@@ -173,12 +184,17 @@ def _bwrap_problem(euid: int) -> str | None:
         return "bubblewrap (bwrap) is not installed"
     if euid == 0 and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is not installed"
-    cmd = [*_bwrap_argv(UID_BASE + UID_SPAN if euid == 0 else None), _python(), "-I", "-S", "-c", "import os"]
-    try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"bwrap could not start: {err}"
+    with tempfile.TemporaryDirectory(prefix="headedit-sbx-probe-") as folder:
+        fd = _open_seccomp(Path(folder))
+        cmd = [*_bwrap_argv(UID_BASE + UID_SPAN if euid == 0 else None, fd), _python(), "-I", "-S", "-c", "import os"]
+        try:
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  timeout=20, check=False, pass_fds=() if fd is None else (fd,))
+        except (OSError, subprocess.SubprocessError) as err:
+            return f"bwrap could not start: {err}"
+        finally:
+            if fd is not None:
+                os.close(fd)
     if done.returncode != 0:
         tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
         return f"bwrap failed here: {tail[-1] if tail else f'exit status {done.returncode}'}"
@@ -264,12 +280,14 @@ def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dic
     euid = os.geteuid()
     uid = _next_uid() if euid == 0 else None
     work = Path(tempfile.mkdtemp(prefix="headedit-sbx-"))
+    seccomp_fd: int | None = None
     try:
         job = {**job, "timeout_s": float(timeout_s), "memory_mb": int(memory_mb), "nproc": NPROC_LIMIT,
                "fsize_mb": FSIZE_MB, "sys_path": _site_paths(), "weak_uid": uid if mode == "weak" else None,
                "count_own_tasks": mode == "weak" and uid is None, "expect_no_caps": mode == "bwrap"}
         if mode == "bwrap":
-            cwd, prefix = work, _bwrap_argv(uid)
+            seccomp_fd = _open_seccomp(work)
+            cwd, prefix = work, _bwrap_argv(uid, seccomp_fd)
         else:
             os.chmod(work, 0o711)  # the program may pass through to its folder, never list or read ours
             cwd = work / "box"
@@ -284,7 +302,7 @@ def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dic
             try:
                 proc = subprocess.Popen(cmd, cwd=cwd, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                                         stdin=stdin, stdout=report, stderr=logfile, start_new_session=True,
-                                        close_fds=True)
+                                        close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,))
             except OSError as err:
                 return SandboxResult(False, "error", f"could not start the sandbox: {err}")
             started = time.monotonic()
@@ -324,6 +342,8 @@ def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dic
         return SandboxResult(False, "error" if returncode != 1 else "failed",
                              f"exit status {returncode}" + (f": {tail[-1]}" if tail else ""))
     finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -351,7 +351,7 @@ def _guard():
                  "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
                  "setuid", "seteuid", "setreuid", "setresuid", "setgid", "setsid", "setpgid",
                  "chmod", "fchmod", "lchmod", "chown", "fchown", "lchown", "chroot", "chdir", "fchdir",
-                 "register_at_fork", "pidfd_open"):
+                 "pidfd_open"):
         if hasattr(os, name):
             setattr(os, name, refuse("os." + name))
     for name in ("rmtree", "move", "chown", "copytree"):
