@@ -22,7 +22,7 @@ import pytest
 from headedit.errors import TaskError
 from headedit.tasks import sandbox
 from headedit.tasks.sandbox import GRACE_S, UID_BASE, UID_SPAN, Program, isolation, run_many, run_program
-from headedit.tasks.sandbox_seccomp import seccomp_program
+from headedit.tasks.sandbox_bwrap import seccomp_program, site_paths
 from headedit.tasks.sandbox_verdict import plan_tests
 
 T = 2.0  # each hostile program's own time budget; the parent's backstop is T + GRACE_S
@@ -383,7 +383,7 @@ def test_secrets_and_host_files_are_unreadable(tmp_path):
     # the whole visible tree: read-only system folders, the Python installation, a private empty /tmp
     etc = ["ld.so.cache"] if os.path.isfile("/etc/ld.so.cache") else []
     tops = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
-    tops |= {Path(p).parts[1] for p in (sys.base_prefix, *sandbox._site_paths())}
+    tops |= {Path(p).parts[1] for p in (sys.base_prefix, *site_paths())}
     res = run_program("import os", [f"assert set(os.listdir('/')) <= {tops!r}", f"assert os.listdir('/etc') == {etc!r}",
                                     "assert os.listdir('/tmp') == []"])
     assert res.passed, res

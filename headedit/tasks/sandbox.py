@@ -3,20 +3,19 @@
 What is guaranteed, in which setting, and the test that checks each promise: docs/sandbox.md.
 
 Isolation (`isolation()` says which applies):
-- "bwrap" (bubblewrap works here, as root or through an unprivileged user namespace): a private mount namespace
-  whose root holds only /usr, /lib*, the Python installation (all read-only), a fresh /proc, a minimal /dev and a
-  private size-limited tmpfs /tmp (the only writable place, gone afterwards); private network, PID, IPC and UTS
-  namespaces; no environment but PATH; as root, a throwaway uid with every capability dropped (bounding set too)
-  via setpriv, so RLIMIT_NPROC holds; without root, bwrap's user namespace with nested user namespaces disabled.
+- "bwrap" (bubblewrap works here, as root or through an unprivileged user namespace; sandbox_bwrap.py): a private
+  mount namespace holding only read-only system and Python folders plus a private tmpfs /tmp; private network,
+  PID, IPC and UTS namespaces; no environment but PATH; as root a throwaway uid with every capability dropped;
+  a seccomp filter against new user namespaces.
 - "weak" (no usable bubblewrap, or HEADEDIT_SANDBOX=weak): the earlier layers only, announced by a one-line
   warning: `unshare` network/PID namespaces where they work, as root a throwaway uid that keeps
-  CAP_DAC_READ_SEARCH (it can read every file), rlimits and Python-level guards.
+  CAP_DAC_READ_SEARCH (it can read every file). HEADEDIT_SANDBOX=bwrap refuses to run without bubblewrap.
 Both: rlimits (address space, CPU, processes, file size, descriptors), a new session killed as a whole after a
 wall-clock backstop, and Python-level guards that turn accidents into readable errors (not a boundary).
 
-Verdict: the asserts' outcomes are decided outside the program's process (sandbox_verdict.py): the program's
-process reports only the values of the asserts' leaves, as plain data; comparisons run here or in a separate
-sandboxed check job that runs no program code. HEADEDIT_SANDBOX=bwrap refuses to run without bubblewrap.
+Verdict (sandbox_verdict.py): the asserts' outcomes are decided outside the program's process, which reports only
+the values of the asserts' leaves, as plain data; comparisons run here, or in a separate sandboxed check job that
+runs no program code. The program-side runner is sandbox_runner.py.
 """
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ import logging
 import os
 import shutil
 import signal
-import site
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,8 +36,8 @@ from pathlib import Path
 from typing import Iterable, Literal, NamedTuple, Sequence
 
 from headedit.errors import TaskError
+from headedit.tasks.sandbox_bwrap import bwrap_argv, open_seccomp, python_path, site_paths
 from headedit.tasks.sandbox_runner import MAX_REPORT
-from headedit.tasks.sandbox_seccomp import seccomp_program
 from headedit.tasks.sandbox_verdict import TestShapeError, fast_verdict, leaf_entries, plan_tests
 
 Status = Literal["passed", "failed", "timeout", "error", "killed"]
@@ -51,7 +48,6 @@ UID_SPAN = 4000
 GRACE_S = 3.0  # interpreter start-up allowance before the parent's backstop kill
 NPROC_LIMIT = 32  # processes/threads a sandboxed program may have
 FSIZE_MB = 16  # largest file a program may write (its stdout/stderr included)
-TMPFS_MB = 64  # the private /tmp under bubblewrap
 CHECK_TIMEOUT_S = 5.0  # a check job runs no program code: comparisons of plain data only
 RUNNER = (Path(__file__).parent / "sandbox_runner.py").read_text(encoding="utf-8")
 log = logging.getLogger("headedit.sandbox")
@@ -99,84 +95,6 @@ def _next_uid() -> int:
         return UID_BASE + next(_uid_counter) % UID_SPAN
 
 
-def _python() -> str:
-    """The base interpreter (a venv's python is a link to it; `-I` ignores the venv anyway)."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def _site_paths() -> list[str]:
-    """The evaluator's site-packages, put on the program's sys.path as lm-eval's in-process exec would see them
-    (the interpreter runs with -S: no .pth files run, start-up is 4x faster)."""
-    return [os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)]
-
-
-@lru_cache(maxsize=1)
-def _bwrap_options() -> frozenset[str]:
-    """The options this bwrap knows: --size (0.7) and --disable-userns (0.8) are used only where present."""
-    try:
-        done = subprocess.run([shutil.which("bwrap") or "bwrap", "--help"], capture_output=True, text=True,
-                              timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return frozenset()
-    return frozenset(w for w in (done.stdout + done.stderr).split() if w.startswith("--"))
-
-
-@lru_cache(maxsize=1)
-def _layout() -> tuple[str, ...]:
-    """bwrap arguments for the filesystem: read-only /usr, /lib*, Python and its site-packages; private /tmp."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    bound = ["/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-            bound.append(top)
-    made: set[str] = set()
-    for path in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python()), *_site_paths()):
-        real = os.path.realpath(path)
-        if any(real == b or real.startswith(b + "/") for b in bound):
-            continue
-        parents = [p for p in Path(real).parents if str(p) != "/"]
-        for parent in reversed(parents):  # bwrap would create them 0700: the throwaway uid must pass through
-            if str(parent) not in made:
-                args += ["--perms", "0755", "--dir", str(parent)]
-                made.add(str(parent))
-        args += ["--ro-bind", real, real]
-        bound.append(real)
-    if os.path.isfile("/etc/ld.so.cache"):
-        args += ["--perms", "0755", "--dir", "/etc", "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    size = ["--size", str(TMPFS_MB * 1024 * 1024)] if "--size" in _bwrap_options() else []
-    return (*args, "--proc", "/proc", "--dev", "/dev", *size, "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp")
-
-
-def _open_seccomp(folder: Path) -> int | None:
-    """A read-only descriptor on the seccomp filter (sandbox_seccomp.py), None where there is no filter."""
-    program = seccomp_program()
-    if program is None:
-        return None
-    (folder / "seccomp.bpf").write_bytes(program)
-    return os.open(folder / "seccomp.bpf", os.O_RDONLY)
-
-
-def _bwrap_argv(uid: int | None, seccomp_fd: int | None) -> list[str]:
-    """The bubblewrap command in front of the interpreter; `uid` is the throwaway uid when we are root."""
-    bwrap = shutil.which("bwrap") or "bwrap"
-    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
-    argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", *_layout(),
-            *seccomp, "--cap-drop", "ALL"]
-    if uid is None:  # no root: bwrap's own user namespace, and none nested inside it
-        nested = ["--disable-userns"] if "--disable-userns" in _bwrap_options() else []
-        return [argv[0], "--unshare-user", *nested, *argv[1:], "--"]
-    setpriv = shutil.which("setpriv") or "setpriv"
-    # setpriv needs these three to switch uid and empty the bounding set; the switch to a non-zero uid then
-    # clears the permitted, effective and ambient sets, and --inh-caps the inheritable one.
-    return argv + ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--",
-                   setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                   "--bounding-set=-all", "--"]
-
-
 @lru_cache(maxsize=4)
 def _bwrap_problem(euid: int) -> str | None:
     """Why bubblewrap cannot sandbox here (probed once per euid), or None when it can."""
@@ -185,8 +103,8 @@ def _bwrap_problem(euid: int) -> str | None:
     if euid == 0 and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is not installed"
     with tempfile.TemporaryDirectory(prefix="headedit-sbx-probe-") as folder:
-        fd = _open_seccomp(Path(folder))
-        cmd = [*_bwrap_argv(UID_BASE + UID_SPAN if euid == 0 else None, fd), _python(), "-I", "-S", "-c", "import os"]
+        fd = open_seccomp(Path(folder))
+        cmd = [*bwrap_argv(UID_BASE + UID_SPAN if euid == 0 else None, fd), python_path(), "-I", "-S", "-c", "import os"]
         try:
             done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   timeout=20, check=False, pass_fds=() if fd is None else (fd,))
@@ -234,8 +152,9 @@ def _mode() -> tuple[Mode, str]:
                         "install bubblewrap (apt-get install bubblewrap) or unset HEADEDIT_SANDBOX")
     if not _warned.is_set():
         _warned.set()
-        log.warning("WARNING: %s; model-written code runs in the WEAK sandbox (it can read your files and write to "
-                    "world-writable folders): install bubblewrap, see docs/sandbox.md", problem)
+        harm = "read your files and write world-writable folders" if os.geteuid() == 0 else "read and change your files"
+        log.warning("WARNING: %s; model-written code runs in the WEAK sandbox, where it can %s: install bubblewrap "
+                    "(docs/sandbox.md)", problem, harm)
     return "weak", problem
 
 
@@ -283,11 +202,11 @@ def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dic
     seccomp_fd: int | None = None
     try:
         job = {**job, "timeout_s": float(timeout_s), "memory_mb": int(memory_mb), "nproc": NPROC_LIMIT,
-               "fsize_mb": FSIZE_MB, "sys_path": _site_paths(), "weak_uid": uid if mode == "weak" else None,
+               "fsize_mb": FSIZE_MB, "sys_path": site_paths(), "weak_uid": uid if mode == "weak" else None,
                "count_own_tasks": mode == "weak" and uid is None, "expect_no_caps": mode == "bwrap"}
         if mode == "bwrap":
-            seccomp_fd = _open_seccomp(work)
-            cwd, prefix = work, _bwrap_argv(uid, seccomp_fd)
+            seccomp_fd = open_seccomp(work)
+            cwd, prefix = work, bwrap_argv(uid, seccomp_fd)
         else:
             os.chmod(work, 0o711)  # the program may pass through to its folder, never list or read ours
             cwd = work / "box"
@@ -296,7 +215,7 @@ def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dic
                 os.chown(cwd, uid, uid)
             prefix = list(_unshare_prefix(euid))
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        cmd = [*prefix, _python(), "-I", "-S", "-B", "-c", RUNNER]
+        cmd = [*prefix, python_path(), "-I", "-S", "-B", "-c", RUNNER]
         with open(work / "job.json", "rb") as stdin, open(work / "report", "wb") as report, \
                 open(work / "log", "wb") as logfile:
             try:
@@ -339,6 +258,8 @@ def _run_job(job: dict, timeout_s: float, memory_mb: int) -> SandboxResult | dic
             return SandboxResult(False, "failed", "exited before the tests finished" +
                                  (" (its report was not valid)" if parsed else ""))
         tail = _read_tail(work / "log", 600).strip().splitlines()
+        if any(line.startswith(("bwrap:", "setpriv:", "unshare:")) for line in tail):
+            return SandboxResult(False, "error", f"the sandbox could not start: {tail[-1]}")  # not the program's verdict
         return SandboxResult(False, "error" if returncode != 1 else "failed",
                              f"exit status {returncode}" + (f": {tail[-1]}" if tail else ""))
     finally:
