@@ -586,7 +586,7 @@ for name, path in (("headedit", sys.argv[1] + "/headedit"), ("headedit.tasks", s
     sys.modules[name] = module
 from headedit.tasks import sandbox
 secret, escape = sys.argv[2], sys.argv[3]
-forge, leak, secret_value = sys.argv[4], sys.argv[5], sys.argv[6]
+forge, leak, secret_value, port = sys.argv[4], sys.argv[5], sys.argv[6], int(sys.argv[7])
 out = {"uid": os.getuid()}
 for mode in ("auto", "weak"):
     os.environ["HEADEDIT_SANDBOX"] = mode
@@ -600,7 +600,10 @@ for mode in ("auto", "weak"):
                                           " == ['0000000000000000'] * 5"]),
             sandbox.Program(forge + "forge(True)", [f"assert add(1, 2) == {secret_value!r}"]),
             sandbox.Program(leak, [f"assert leak() == {secret_value!r}"]),
-            sandbox.Program("x = bytearray(10 * 1024 ** 3)", ["assert True"])]
+            sandbox.Program("x = bytearray(10 * 1024 ** 3)", ["assert True"]),
+            sandbox.Program("import ctypes, struct\ndef connect(port):\n    libc = ctypes.CDLL(None)\n"
+                            "    fd = libc.socket(2, 1, 0)\n    addr = struct.pack('H', 2) + struct.pack('!H4s8x', port, bytes([127, 0, 0, 1]))\n"
+                            "    return libc.connect(fd, addr, len(addr))", [f"assert connect({port}) == 0"])]
     results = sandbox.run_many(jobs, timeout_s=3, workers=2)
     out[mode] = {"mode": iso.mode, "reason": iso.reason, "escaped": os.path.exists(escape),
                  "results": [[r.passed, r.status, r.detail] for r in results]}
@@ -620,10 +623,15 @@ def test_without_root_bwrap_still_isolates_and_weak_mode_still_judges_outside():
         Path(secret).write_text("public")
         os.chmod(secret, 0o644)  # readable by that user on the host
         escape = os.path.join(folder, "escaped.txt")
+        server = socket.create_server(("127.0.0.1", 0))
+        port = server.getsockname()[1]
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
-               "/usr/bin/python3", "-I", "-c", UNPRIVILEGED, str(PROJECT), secret, escape, FORGE, LEAK, SECRET]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=folder,
-                              env={"PATH": "/usr/bin:/bin", "HOME": folder})
+               "/usr/bin/python3", "-I", "-c", UNPRIVILEGED, str(PROJECT), secret, escape, FORGE, LEAK, SECRET, str(port)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=folder,
+                                  env={"PATH": "/usr/bin:/bin", "HOME": folder})
+        finally:
+            server.close()
         assert done.returncode == 0, done.stderr[-2000:]
         out = json.loads(done.stdout)
     finally:
@@ -631,11 +639,11 @@ def test_without_root_bwrap_still_isolates_and_weak_mode_still_judges_outside():
     assert out["uid"] == 65534
     weak = out["weak"]  # reads and writes what the user may on the host: that is why it warns
     assert weak["mode"] == "weak" and [r[0] for r in weak["results"]] == [True, False, True, True, True, False, False,
-                                                                          False], weak
+                                                                          False, True], weak
     assert weak["escaped"]
     assert "side: 'absent'" in weak["results"][6][2]
     auto = out["auto"]
     if auto["mode"] != "bwrap":
         pytest.skip(f"no unprivileged bubblewrap here: {auto['reason']}")
-    assert [r[0] for r in auto["results"]] == [True, False, False, True, True, False, False, False], auto
+    assert [r[0] for r in auto["results"]] == [True, False, False, True, True, False, False, False, False], auto
     assert not auto["escaped"]
