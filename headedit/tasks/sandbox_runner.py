@@ -16,6 +16,7 @@ import json
 import numbers
 import os
 import sys
+from typing import Callable, NoReturn
 
 MAX_DEPTH = 64  # nesting of a reported value
 MAX_REPORT = 4 * 1024 * 1024  # bytes of one report
@@ -32,7 +33,7 @@ class Unencodable(Exception):
     """A leaf value that cannot travel as plain data (a user-defined object, an iterator, a function)."""
 
 
-def encode(value, depth=0):
+def encode(value: object, depth: int = 0) -> object:
     """Tagged JSON: lists stay arrays, other containers become one-key objects; exact base-type data only."""
     if depth > MAX_DEPTH:
         raise Unencodable(f"a value nested deeper than {MAX_DEPTH} levels")
@@ -67,9 +68,9 @@ def encode(value, depth=0):
         return {"ba": bytearray.hex(value)}
     if isinstance(value, complex):
         return {"c": [complex.__complex__(value).real, complex.__complex__(value).imag]}
-    if t is range:
+    if isinstance(value, range):  # range cannot be subclassed
         return {"r": [value.start, value.stop, value.step]}
-    if t is type and value in _TYPES.values():
+    if isinstance(value, type) and t is type and value in _TYPES.values():
         return {"ty": value.__name__}
     # Other numbers (numpy scalars, Fraction) travel as the plain number they convert to, as `==` would see them.
     if isinstance(value, numbers.Integral):
@@ -79,13 +80,13 @@ def encode(value, depth=0):
     raise Unencodable(f"a value of type {t.__name__}")
 
 
-def _items(payload, depth):
+def _items(payload: object, depth: int) -> list:
     if type(payload) is not list:
         raise ValueError("a tagged value's payload is not a list")
     return [decode(x, depth + 1) for x in payload]
 
 
-def decode(obj, depth=0):
+def decode(obj: object, depth: int = 0) -> object:
     """The inverse of `encode` on parsed JSON; ValueError/TypeError on anything else (e.g. an unhashable key)."""
     if depth > MAX_DEPTH + 2:
         raise ValueError("a value nested too deeply")
@@ -94,7 +95,7 @@ def decode(obj, depth=0):
         return obj
     if t is list:
         return _items(obj, depth)
-    if t is not dict or len(obj) != 1:
+    if not isinstance(obj, dict) or t is not dict or len(obj) != 1:
         raise ValueError("not a tagged value")
     (tag, payload), = obj.items()
     if tag == "t":
@@ -120,14 +121,14 @@ def decode(obj, depth=0):
     raise ValueError(f"unknown tag {tag!r}")
 
 
-def describe(err):
+def describe(err: BaseException) -> str:
     try:
         return f"{type(err).__name__}: {str(err)[:300]}".rstrip(": ")
     except BaseException:
         return type(err).__name__
 
 
-def _main():
+def _main() -> None:
     raw = b""
     while True:
         chunk = os.read(0, 1 << 20)
@@ -216,10 +217,10 @@ def _main():
     _exit(0)
 
 
-def _program(job, timeout_type):
+def _program(job: dict, timeout_type: type[BaseException]) -> str:
     """Run code, setup and plain test statements; report every leaf's value or exception, in order."""
     dumps = json.dumps
-    ns = {}  # empty globals, as HF code_eval does
+    ns: dict = {}  # empty globals, as HF code_eval does
     for name, src in (("<program>", job["code"]), ("<setup>", job["setup"])):
         exec(compile(src, name, "exec"), ns)
     steps = []
@@ -242,18 +243,18 @@ def _program(job, timeout_type):
     return '{"steps":[' + ",".join(steps) + "]}"
 
 
-def _check(job):
+def _check(job: dict) -> str:
     """Evaluate each template on decoded leaf values: True, or the reason it is not."""
     import builtins
     import importlib
-    env = {"__builtins__": builtins}
+    env: dict[str, object] = {"__builtins__": builtins}
     for name in TRUSTED_MODULES:
         env[name] = importlib.import_module(name)
     verdicts = []
     for item in job["asserts"]:
         leaves = item["leaves"]
 
-        def leaf(i, leaves=leaves):
+        def leaf(i: int, leaves: list = leaves) -> object:
             entry = leaves[i]
             if "err" in entry:
                 raise _LeafError(entry["err"])
@@ -273,7 +274,7 @@ class _LeafError(Exception):
     pass
 
 
-def _drop_keeping_read(uid, report, _exit):
+def _drop_keeping_read(uid: int, report: Callable[[str], None], _exit: Callable[[int], NoReturn]) -> None:
     """Weak mode as root: a throwaway uid keeping only CAP_DAC_READ_SEARCH (to import a stdlib under /root)."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -294,7 +295,7 @@ def _drop_keeping_read(uid, report, _exit):
         _exit(3)
 
 
-def _guard():
+def _guard() -> None:
     """Python-level guards, as OpenAI human-eval's `reliability_guard`: they turn common accidents into readable
     errors. They are no security boundary (ctypes, `_io`, `posix` pass them); the namespaces and uids are."""
     import _socket
@@ -368,7 +369,7 @@ def _guard():
     builtins.exit = refuse("exit()")
     builtins.quit = refuse("quit()")
     for name in ("ipdb", "joblib", "psutil", "tkinter", "resource"):
-        sys.modules[name] = None
+        sys.modules[name] = None  # type: ignore[assignment]  # None in sys.modules makes the import fail
 
 
 if __name__ == "__main__":
