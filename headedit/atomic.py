@@ -22,11 +22,36 @@ def sha256_file(path: Path, chunk: int = 8 * 2**20) -> str:
     return digest.hexdigest()
 
 
+def umask() -> int:
+    """The process umask, read without changing it where Linux allows (set-and-restore races other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _umask_modes(folder: Path) -> None:
+    """Folders 0777 and files 0666 less the umask (0755/0644 usually): mkdtemp makes 0700, mkstemp and
+    safetensors 0600, copies keep their source's mode; an output is as readable as anything else the user makes."""
+    mask = umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync, rename: a reader never sees half a file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600: give the file the mode any new file gets
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -70,6 +95,7 @@ def atomic_dir(out: Path, force: bool = False, protect: tuple[Path, ...] = ()) -
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         yield tmp
+        _umask_modes(tmp)
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
             os.replace(out, trash / "old")

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-# Smallest p-value reported; below it the verdict says "p<1e-300" (a float64 cannot go much lower).
+# Smallest p-value reported; below it every output says "p < 1e-300" (a float64 cannot go much lower).
 P_FLOOR = 1e-300
 
 
@@ -116,8 +116,9 @@ def relative_error_reduction(intact_acc: float, edited_acc: float) -> float | No
 
 
 def format_p(p: float) -> str:
+    """`p < 1e-300` at the floor, else `p=1.2e-05` / `p=0.0123`: one spelling for CLI, TUI and card."""
     if p <= P_FLOOR:
-        return "p<1e-300"
+        return "p < 1e-300"
     if p < 1e-4:
         return f"p={p:.1e}"
     return f"p={p:.3g}"

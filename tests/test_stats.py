@@ -29,7 +29,7 @@ def test_mcnemar_tiny_p_is_floored_not_zero() -> None:
     a, b = _pairs(2000, 0, 0, 0)
     p = stats.mcnemar_exact(a, b)
     assert p == stats.P_FLOOR
-    assert stats.format_p(p) == "p<1e-300"
+    assert stats.format_p(p) == "p < 1e-300"
     # a p just above the floor keeps its value (log-space tail)
     a, b = _pairs(900, 0, 0, 0)
     assert stats.mcnemar_exact(a, b) == pytest.approx(2 * 0.5**900, rel=1e-9)

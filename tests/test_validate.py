@@ -15,7 +15,7 @@ def _row(gain: float, lo: float, hi: float, p: float) -> dict:
 
 def test_verdict_plain_words() -> None:
     ok, text = verdict(_row(96.9, 95.8, 97.8, 1e-300), 0.05)
-    assert ok and text == "gain held on held-out: +96.9 points, 95% CI [95.8, 97.8], McNemar p<1e-300"
+    assert ok and text == "gain held on held-out: +96.9 points, 95% CI [95.8, 97.8], McNemar p < 1e-300"
     ok, text = verdict(_row(1.0, -0.5, 2.5, 0.2), 0.05)
     assert not ok and "not significant" in text
     ok, text = verdict(_row(-3.0, -5.0, -1.0, 0.001), 0.05)

@@ -1,81 +1,32 @@
-"""Rich rendering for the CLI: progress bars per stage, the screen heatmap, the validation table.
+"""Rich renderings for the CLI: the screen heatmap and the validation table.
 
-The library only emits events; this turns them into terminal output. Nothing here is imported by
-the library itself.
+Progress reporters live in `headedit.commands.progress` (re-exported here as `rich_reporter` for the commands
+that import it from this module). Tables fit the console's width by shortening labels and never numbers.
+Nothing here is imported by the library itself.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from headedit.events import Event, HeadScored, Log, StageFinished, StageProgress, StageStarted
+from headedit.colors import delta_rgb, ink_rgb, scale_max
+from headedit.commands.progress import reporter_for, rich_reporter
 from headedit.model.heads import parse_heads
 from headedit.stats import format_p
 
 
-class RichReporter:
-    """A Reporter (callable) that draws one progress bar per stage with counts and ETA.
-
-    Use as a context manager, or call `close()` at the end, so the live display stops cleanly.
-    """
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=console, transient=False, disable=not console.is_terminal,
-        )
-        self.tasks: dict[str, Any] = {}
-        self.started = False
-
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, StageStarted):
-            if not self.started:
-                self.progress.start()
-                self.started = True
-            self.tasks[event.stage] = self.progress.add_task(event.description or event.stage, total=event.total)
-        elif isinstance(event, StageProgress) and event.stage in self.tasks:
-            self.progress.update(self.tasks[event.stage], completed=event.done, total=event.total)
-        elif isinstance(event, StageFinished):
-            task_id = self.tasks.pop(event.stage, None)
-            if task_id is not None:
-                task = next(t for t in self.progress.tasks if t.id == task_id)
-                self.progress.update(task_id, completed=task.total or task.completed or 1, total=task.total or 1)
-            if event.summary:
-                self.progress.console.print(f"[bold]{event.stage}[/bold]: {event.summary}")
-        elif isinstance(event, Log):
-            style = {"warning": "yellow", "error": "red"}.get(event.level, "dim")
-            self.progress.console.print(Text(event.message, style=style))
-        elif isinstance(event, HeadScored):
-            return
-
-    def close(self) -> None:
-        if self.started:
-            self.progress.stop()
-            self.started = False
-
-    def __enter__(self) -> "RichReporter":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def rich_reporter(console: Console) -> RichReporter:
-    return RichReporter(console)
-
-
-def _cell_style(value: float, scale: float) -> str:
-    """Green for gains, red for losses, intensity by |value| / scale."""
-    if scale <= 0 or value == 0:
-        return "on grey23"
-    t = min(1.0, abs(value) / scale)
-    level = int(round(40 + 160 * t))
-    return f"on rgb(0,{level},0)" if value > 0 else f"on rgb({level},0,0)"
+def _cell_style(value: float, vmax: float) -> str:
+    """The shared diverging scale (headedit.colors): green = ablating helps, red = hurts, grey = no change."""
+    bg = delta_rgb(value, vmax)
+    fg = ink_rgb(bg)
+    return f"rgb({fg[0]},{fg[1]},{fg[2]}) on rgb({bg[0]},{bg[1]},{bg[2]})"
 
 
 def render_heatmap(screen: Mapping[str, Any], selected: str = "", max_columns: int = 64) -> Any:
@@ -86,7 +37,7 @@ def render_heatmap(screen: Mapping[str, Any], selected: str = "", max_columns: i
     delta = screen["delta"]
     complete = screen.get("complete")
     chosen = {(h.layer, h.head) for h in parse_heads(selected)} if selected else set()
-    scale = max((abs(v) for row in delta for v in row), default=0.0)
+    vmax = scale_max(v for row in delta for v in row)
     num_heads = len(delta[0]) if delta else 0
     wide = num_heads > 16
     blocks = []
@@ -103,7 +54,7 @@ def render_heatmap(screen: Mapping[str, Any], selected: str = "", max_columns: i
                 mark = "*" if (layer, h) in chosen else ""
                 stopped = complete is not None and not complete[layer][h]
                 text = ("" if wide else f"{value:+.1f}") + mark + ("~" if stopped and not wide else "")
-                cells.append(Text(text or " ", style=_cell_style(value, scale)))
+                cells.append(Text(text or " ", style=_cell_style(value, vmax)))
             table.add_row(str(layer), *cells)
         blocks.append(table)
     unit = screen.get("unit", "points")
@@ -113,30 +64,141 @@ def render_heatmap(screen: Mapping[str, Any], selected: str = "", max_columns: i
     return Group(*blocks, legend)
 
 
-def render_validation(result: Mapping[str, Any]) -> Table:
-    """The paper-style table: intact, edited, gain, relative error reduction, n, CI, McNemar; side tasks below."""
-    table = Table(title=f"held-out validation of {result.get('heads') or '(no heads)'}", show_lines=False,
-                  padding=(0, 1), pad_edge=False)
-    # Short headers so the paper-style table fits an 80-column terminal; the caption spells them out.
-    for name, justify in (("task", "left"), ("intact", "right"), ("edited", "right"), ("gain", "right"),
-                          ("RER", "right"), ("n", "right"), ("95% CI", "right"), ("McNemar p", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
+def _p_cell(p: float) -> str:
+    """format_p without its `p`: `< 1e-300`, `1.2e-05`, `0.0123`."""
+    return format_p(p).removeprefix("p=").removeprefix("p ")
 
-    def add(row: Mapping[str, Any], side: bool) -> None:
-        rer = row.get("relative_error_reduction")
-        lo, hi = row["ci95_points"]
-        gain = row["gain_points"]
-        style = "green" if gain > 0 else ("red" if gain < 0 else "")
-        table.add_row(
-            ("side: " if side else "") + str(row["task"]), f"{100 * row['intact_acc']:.2f}",
-            f"{100 * row['edited_acc']:.2f}", Text(f"{gain:+.2f}", style=style),
-            "-" if rer is None else f"{100 * rer:.1f}%", str(row["n"]), f"[{lo:+.1f},{hi:+.1f}]",
-            format_p(row["mcnemar_p"]).replace("p=", ""),
-        )
 
-    add(result, side=False)
-    for row in result.get("side_tasks", []):
-        add(row, side=True)
-    table.caption = (result.get("verdict", "") + "\naccuracies in %; gain and 95% CI (paired bootstrap) in points; "
-                     "RER = relative error reduction")
-    return table
+@dataclass(frozen=True)
+class _Labels:
+    """One way to label the table: full words for a wide terminal, shorter ones when it is narrow."""
+
+    p_header: str
+    side_prefix: str
+    table_box: box.Box | None
+    padding: tuple[int, int, int, int] = (0, 1, 0, 1)
+    show_edge: bool = True
+
+
+MIN_TASK = 10  # narrowest task column worth folding into; below it the table becomes lines
+_LABELS = (
+    _Labels("McNemar p", "side: ", box.HEAVY_HEAD),
+    _Labels("McNemar p", "side: ", box.SIMPLE_HEAD, (0, 0, 0, 1), False),  # no frame: 9 columns saved
+    _Labels("p", "side ", box.SIMPLE_HEAD, (0, 0, 0, 1), False),
+)
+
+
+def damage_text(damage: Mapping[str, Any] | None) -> str:
+    """The general-damage figure in words, or '' when the run has none."""
+    if not damage or not isinstance(damage.get("kl_mean"), (int, float)):
+        return ""
+    return (f"general damage: KL(edited || intact) of next-token distributions on neutral text = "
+            f"{float(damage['kl_mean']):.4f} nats/token (max {float(damage.get('kl_max', 0.0)):.3f}, "
+            f"{damage.get('tokens', '?')} tokens)")
+
+
+class FitTable:
+    """A renderable that shows the first of several tables whose natural width fits the console.
+
+    `tables` go from the most to the least spelled out; each builder shortens labels, never numbers (number
+    columns are `no_wrap`). When none fits, the last one is still used if its label column (`label_column`)
+    keeps `MIN_TASK` characters by folding; otherwise `fallback()` (e.g. one line per row) is shown.
+    """
+
+    def __init__(self, tables: Sequence[Callable[[], Table]], fallback: Callable[[], Any] | None = None,
+                 label_column: int = 0) -> None:
+        self.tables = tables
+        self.fallback = fallback
+        self.label_column = label_column
+
+    def choose(self, console: Console, options: ConsoleOptions) -> Any:
+        wide = options.update(max_width=10_000)
+        table = None
+        for build in self.tables:
+            table = build()
+            if Measurement.get(console, wide, table).maximum <= options.max_width:
+                return table
+        assert table is not None
+        labels = [str(cell) for cell in table.columns[self.label_column].cells]
+        label_width = max((len(c) for c in labels), default=0)
+        if self.fallback is None or Measurement.get(console, wide, table).maximum - label_width + MIN_TASK <= options.max_width:
+            return table
+        return self.fallback()
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.choose(console, options)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.choose(console, options))
+
+
+class ValidationTable(FitTable):
+    """The paper-style table (intact, edited, gain, RER, n, CI, McNemar; side tasks below) that fits its width;
+    on a terminal too narrow even for the compact table, the same figures as one line per task."""
+
+    def __init__(self, result: Mapping[str, Any]) -> None:
+        self.result = result
+        super().__init__([lambda labels=labels: self.table(labels) for labels in _LABELS], self.lines)
+
+    def table(self, labels: _Labels) -> Table:
+        result = self.result
+        table = Table(title=f"held-out validation of {result.get('heads') or '(no heads)'}", show_lines=False,
+                      padding=labels.padding, pad_edge=False, box=labels.table_box, show_edge=labels.show_edge)
+        table.add_column("task", justify="left", overflow="fold")
+        for name in ("intact", "edited", "gain", "RER", "n", "95% CI", labels.p_header):
+            table.add_column(name, justify="right", no_wrap=True)
+
+        def add(row: Mapping[str, Any], side: bool) -> None:
+            rer = row.get("relative_error_reduction")
+            lo, hi = row["ci95_points"]
+            gain = row["gain_points"]
+            style = "green" if gain > 0 else ("red" if gain < 0 else "")
+            table.add_row(
+                (labels.side_prefix if side else "") + str(row["task"]), f"{100 * row['intact_acc']:.2f}",
+                f"{100 * row['edited_acc']:.2f}", Text(f"{gain:+.2f}", style=style),
+                "-" if rer is None else f"{100 * rer:.1f}%", str(row["n"]), f"[{lo:+.1f},{hi:+.1f}]",
+                _p_cell(row["mcnemar_p"]),
+            )
+
+        add(result, side=False)
+        for row in result.get("side_tasks", []):
+            add(row, side=True)
+        table.caption = "\n".join(self.caption(labels.p_header == "p"))
+        return table
+
+    def caption(self, short_p: bool) -> list[str]:
+        lines = [str(self.result.get("verdict", "")),
+                 "accuracies in %; gain and 95% CI (paired bootstrap) in points; RER = relative error reduction"
+                 + ("; p = exact McNemar" if short_p else ""),
+                 damage_text(self.result.get("damage"))]
+        return [line for line in lines if line]
+
+    def lines(self) -> Group:
+        """The same figures as `key value` lines: a terminal too narrow for the table still gets every digit."""
+        out: list[Text] = [Text(f"held-out validation of {self.result.get('heads') or '(no heads)'}", style="italic")]
+        for side, row in [(False, self.result)] + [(True, r) for r in self.result.get("side_tasks", [])]:
+            rer = row.get("relative_error_reduction")
+            lo, hi = row["ci95_points"]
+            out.append(Text(
+                f"{'side: ' if side else ''}{row['task']}: intact {100 * row['intact_acc']:.2f}, edited "
+                f"{100 * row['edited_acc']:.2f}, gain {row['gain_points']:+.2f}, RER "
+                f"{'-' if rer is None else f'{100 * rer:.1f}%'}, n {row['n']}, 95% CI [{lo:+.1f},{hi:+.1f}], "
+                f"McNemar p {_p_cell(row['mcnemar_p'])}"))
+        out.extend(Text(line, style="dim") for line in self.caption(short_p=False))
+        return Group(*out)
+
+
+def render_validation(result: Mapping[str, Any]) -> ValidationTable:
+    """The validation table as a renderable that fits the console it is printed on."""
+    return ValidationTable(result)
+
+
+__all__ = [
+    "FitTable",
+    "ValidationTable",
+    "damage_text",
+    "render_heatmap",
+    "render_validation",
+    "reporter_for",
+    "rich_reporter",
+]

@@ -1,7 +1,12 @@
-"""`headedit run RECIPE`: discover, validate on held-out, then export the baked checkpoint."""
+"""`headedit run RECIPE`: discover, validate on held-out, then export the baked checkpoint.
+
+Every output (run folder, export folder, push target) is checked before any model is loaded; a failure after
+validation says the run folder was kept and how `headedit export` finishes it.
+"""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 
@@ -16,11 +21,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    from headedit.errors import RecipeError
-    from headedit.pipeline import run as run_all
-    from headedit.recipe import load_recipe
-    from headedit.commands.render import render_validation, rich_reporter
+    # the pipeline and renderers load here, not at CLI start-up
     from headedit.commands.discover import print_outcome
+    from headedit.commands.export import check_export_target, check_push_target, check_run_target
+    from headedit.commands.render import render_validation, reporter_for
+    from headedit.errors import HeadeditError, RecipeError
+    from headedit.pipeline import run as run_all
+    from headedit.pipeline.export import default_export_dir
+    from headedit.recipe import load_recipe
+    from headedit.runs import VALIDATION_FILE, default_run_dir
 
     recipe = load_recipe(args.recipe)
     push = None
@@ -28,9 +37,22 @@ def run(args: argparse.Namespace, console: Any) -> int:
         if not recipe.export.repo_id:
             raise RecipeError(f"recipe {args.recipe}: --push needs export.repo_id", 'add repo_id = "you/name" under [export]')
         push = recipe.export.repo_id
-    with rich_reporter(console) as reporter:
-        path, result, exported = run_all(recipe, args.out, out=args.export or recipe.export.out or None, push=push,
-                                         force=args.force, reporter=reporter)
+    run_dir = Path(args.out) if args.out else default_run_dir(recipe.name)
+    target = Path(args.export) if args.export else default_export_dir(recipe)
+    check_run_target(run_dir, "--out")
+    check_export_target(target, args.force, "--export", recipe.model.id)
+    if push:
+        check_push_target(push)
+    try:
+        with reporter_for(console) as reporter:
+            path, result, exported = run_all(recipe, run_dir, out=target, push=push, force=args.force,
+                                             reporter=reporter)
+    except HeadeditError as err:
+        if not (run_dir / VALIDATION_FILE).is_file():
+            raise
+        finish = f"headedit export {run_dir} --out {target}" + (f" --push {push}" if push else "")
+        hint = f"{err.hint}; " if err.hint else ""
+        raise type(err)(err.message, f"{hint}the validated run {run_dir} is kept: `{finish}` finishes it") from None
     console.print(render_validation(result))
     console.print(result["verdict"], soft_wrap=True, markup=False, highlight=False)
     console.print(f"export: {exported if exported else '(none: no heads selected)'}", soft_wrap=True, markup=False,

@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import re
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,18 @@ from headedit import __version__
 from headedit.atomic import sha256_file, write_bytes_atomic
 from headedit.errors import ExportError, RunError
 from headedit.export.bake import MANIFEST, read_manifest, verify_export
-from headedit.export.heatmap_png import encode_png, heatmap_rgb
+from headedit.export.card_metadata import (
+    HUB_DATASETS,
+    ci_text,
+    dataset_of,
+    eval_results,
+    p_text,
+    placeholder_repo_id,
+    pts,
+    repo_name,
+    versions,
+)
+from headedit.export.provenance import Provenance, provenance
 from headedit.model.heads import parse_heads
 
 TEMPLATE = "headedit.md"
@@ -97,24 +109,6 @@ def _pct(x: Any) -> str:
     return f"{100 * float(x):.2f}%" if isinstance(x, (int, float)) else "n/a"
 
 
-def _pts(x: Any) -> str:
-    return f"{float(x):+.2f}" if isinstance(x, (int, float)) else "n/a"
-
-
-def _ci(ci: Any) -> str:
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
-        return f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
-    return "n/a"
-
-
-def _p(p: Any) -> str:
-    if not isinstance(p, (int, float)):
-        return "n/a"
-    if p < 1e-300:
-        return "<1e-300"
-    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
-
-
 def _rer(validation: dict[str, Any]) -> str:
     rer = validation.get("relative_error_reduction")
     return f"{100 * float(rer):.1f}%" if isinstance(rer, (int, float)) else "n/a"
@@ -122,55 +116,8 @@ def _rer(validation: dict[str, Any]) -> str:
 
 def _row(v: dict[str, Any]) -> dict[str, str]:
     return {"task": str(v.get("task", "?")), "intact": _pct(v.get("intact_acc")), "edited": _pct(v.get("edited_acc")),
-            "gain": _pts(v.get("gain_points")), "rer": _rer(v), "n": str(v.get("n", "n/a")),
-            "ci": _ci(v.get("ci95_points")), "p": _p(v.get("mcnemar_p"))}
-
-
-def _source(manifest: dict[str, Any]) -> tuple[str, bool]:
-    source = manifest.get("source") or {}
-    sid = str(source.get("id") or "unknown model")
-    return sid, bool(source.get("hub")) and "/" in sid and not sid.startswith(("/", ".", "~"))
-
-
-def _source_license(source_id: str, is_hub: bool, revision: str | None) -> str | None:
-    """The source card's licence, when the source is a hub model whose card can be read."""
-    if not is_hub:
-        return None
-    try:
-        from huggingface_hub import ModelCard
-
-        data = ModelCard.load(source_id, repo_type="model").data
-        lic = data.get("license")
-        return str(lic) if isinstance(lic, str) and lic else None
-    except Exception:
-        return None  # offline, gated or no card: leave the licence unset rather than guess
-
-
-def _eval_result(v: dict[str, Any], split: str) -> Any:
-    from huggingface_hub import EvalResult
-
-    task = str(v.get("task", "task"))
-    return EvalResult(
-        task_type="text-generation", task_name=task,
-        dataset_type=str(v.get("dataset_id") or f"headedit/{task}"), dataset_name=task, dataset_split=split,
-        metric_type="accuracy" if v.get("metric", "acc") in ("acc", "accuracy") else str(v.get("metric")),
-        metric_value=round(float(v.get("edited_acc", 0.0)), 6), metric_name=f"{task} accuracy (edited)",
-    )
-
-
-def _versions(run: dict[str, Any] | None) -> list[tuple[str, str]]:
-    env = (run or {}).get("environment") or {}
-    if not env:
-        import importlib.metadata as md
-        import platform
-
-        env = {"python": platform.python_version()}
-        for pkg in ("headedit", "torch", "transformers", "safetensors", "huggingface-hub", "tokenizers"):
-            try:
-                env[pkg] = md.version(pkg)
-            except md.PackageNotFoundError:
-                pass
-    return sorted((str(k), str(v)) for k, v in env.items())
+            "gain": pts(v.get("gain_points")), "rer": _rer(v), "n": str(v.get("n", "n/a")),
+            "ci": ci_text(v.get("ci95_points")), "p": p_text(v.get("mcnemar_p"))}
 
 
 def _method(run: dict | None, screen: dict | None, search: dict | None, selection: dict | None,
@@ -191,7 +138,7 @@ def _method(run: dict | None, screen: dict | None, search: dict | None, selectio
                      f"{search.get('evaluations', 'n/a')} evaluations.")
     if selection:
         lines.append(f"Selected: `{selection.get('heads', '')}`, discovery accuracy {_pct(selection.get('intact_acc'))}"
-                     f" -> {_pct(selection.get('discovery_acc'))} ({_pts(selection.get('gain_points'))} points).")
+                     f" -> {_pct(selection.get('discovery_acc'))} ({pts(selection.get('gain_points'))} points).")
     lines.append(f"Held-out check: n={validation.get('n', 'n/a')} examples of the {validation.get('split', 'heldout')} "
                  "split, disjoint from the discovery examples; paired bootstrap 95% interval and exact McNemar test.")
     if total:
@@ -201,19 +148,58 @@ def _method(run: dict | None, screen: dict | None, search: dict | None, selectio
     return lines
 
 
+def screen_quantity(screen: dict[str, Any]) -> str:
+    """What a screen's delta measures, in words (accuracy by default; the margin objective when used)."""
+    objective = str(screen.get("objective") or "accuracy")
+    if objective in ("accuracy", "acc"):
+        return "change in discovery accuracy"
+    if objective == "margin":
+        return "change in the mean per-example margin (correct answer's score minus the best wrong one's)"
+    return f"change in the discovery {objective}"
+
+
+def damage_line(validation: dict[str, Any]) -> str | None:
+    """The general-damage check in words (KL of the edited from the intact next-token distribution)."""
+    damage = validation.get("damage")
+    if not isinstance(damage, dict) or not isinstance(damage.get("kl_mean"), (int, float)):
+        return None
+    return (f"General damage: mean KL divergence of the edited model's next-token distribution from the intact "
+            f"model's on {damage.get('tokens', 'n/a')} tokens of neutral English text ({damage.get('source', 'n/a')}): "
+            f"{float(damage['kl_mean']):.4f} nats per token (largest single token "
+            f"{float(damage.get('kl_max', 0.0)):.3f}); 0 means the edit left those predictions unchanged.")
+
+
 def _limitations(validation: dict[str, Any], side: list[dict[str, Any]]) -> list[str]:
-    lines = [f"The gain is specific to {validation.get('task')}: {_pts(validation.get('gain_points'))} points on "
-             f"n={validation.get('n')} held-out examples (95% CI {_ci(validation.get('ci95_points'))} points). "
-             "Held-out gains are per task; do not expect them on other tasks."]
+    lines = [(f"The gain is specific to {validation.get('task')}: {pts(validation.get('gain_points'))} points on "
+              f"n={validation.get('n')} held-out examples (95% CI {ci_text(validation.get('ci95_points'))} points). "
+              "Held-out gains are per task; do not expect them on other tasks.")]
     for s in side:
         g = s.get("gain_points")
         trend = "degraded" if isinstance(g, (int, float)) and g < 0 else "changed"
         lines.append(f"{s.get('task')} {trend}: {_pct(s.get('intact_acc'))} -> {_pct(s.get('edited_acc'))} "
-                     f"({_pts(g)} points, 95% CI {_ci(s.get('ci95_points'))}, n={s.get('n')}).")
+                     f"({pts(g)} points, 95% CI {ci_text(s.get('ci95_points'))}, n={s.get('n')}).")
     if not side:
         lines.append("No other task was measured: other capabilities may have degraded by an unknown amount.")
     lines.append("Zeroed heads are removed for every input, not just for this task; no weights were trained.")
     return lines
+
+
+def _source_model_id(where: Path, export: Path, manifest: dict[str, Any]) -> tuple[str | None, bool]:
+    """(model id, whether it is a Hub id): the manifest's Hub source, else the recipe's model id (a local
+    folder's full path, which the manifest does not keep)."""
+    source = manifest.get("source") or {}
+    if source.get("hub") and source.get("id"):
+        return str(source["id"]), True
+    for folder in (where, export):
+        recipe = folder / "recipe.toml"
+        if recipe.is_file():
+            try:
+                model_id = tomllib.loads(recipe.read_text(encoding="utf-8")).get("model", {}).get("id")
+            except (tomllib.TOMLDecodeError, AttributeError):
+                model_id = None
+            if isinstance(model_id, str) and model_id:
+                return model_id, False
+    return (str(source["id"]) if source.get("id") else None), False
 
 
 def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_id: str | None = None) -> Any:
@@ -221,7 +207,6 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     from huggingface_hub import ModelCard, ModelCardData
 
     export = Path(export_dir)
-
     manifest = read_manifest(export)
     where = Path(run_dir) if run_dir is not None else export
     validation = _read_json(where / "validation.json", required=True)
@@ -231,24 +216,25 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     recipe_file = where / "recipe.toml" if (where / "recipe.toml").is_file() else export / "recipe.toml"
     recipe = recipe_file.read_text(encoding="utf-8").rstrip() if recipe_file.is_file() else "# no recipe recorded"
 
-    source_id, is_hub = _source(manifest)
+    model_id, is_hub = _source_model_id(where, export, manifest)
+    origin: Provenance = provenance(model_id, is_hub, (manifest.get("source") or {}).get("revision"), export)
+    source_id = str((manifest.get("source") or {}).get("id") or "unknown model")
     layout = manifest.get("layout") or {}
     heads_text = str(manifest.get("heads", ""))
     heads = parse_heads(heads_text) if heads_text else ()
     task = str(validation.get("task", "task"))
     split = str(validation.get("split", "heldout"))
     side = [s for s in validation.get("side_tasks") or [] if isinstance(s, dict)]
-    short = source_id.rstrip("/").split("/")[-1]
-    model_name = repo_id.split("/")[-1] if repo_id else f"{short}-headedit-{task}"
+    short = (origin.base_model or source_id).rstrip("/").split("/")[-1]
+    model_name = repo_id.split("/")[-1] if repo_id else repo_name(f"{short}-headedit-{task}")
+    target = repo_id or placeholder_repo_id(model_name)
+    datasets = sorted({d for d, _ in (dataset_of(r) for r in [validation, *side]) if d})
 
     card_data = ModelCardData(
-        base_model=source_id if is_hub else None,
-        library_name="transformers",
-        pipeline_tag="text-generation",
-        license=_source_license(source_id, is_hub, (manifest.get("source") or {}).get("revision")),
-        tags=["headedit", "head-ablation", task],
-        model_name=model_name,
-        eval_results=[_eval_result(validation, split)] + [_eval_result(s, split) for s in side],
+        base_model=origin.base_model, base_model_relation="finetune" if origin.base_model else None,
+        library_name="transformers", pipeline_tag="text-generation", license=origin.license,
+        datasets=datasets or None, tags=["headedit", "head-ablation", task], model_name=model_name,
+        eval_results=[r for row in [validation, *side] for r in eval_results(row, split)],
     )
     delta = (screen or {}).get("delta")
     delta_at = {}
@@ -259,40 +245,80 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     n_layers = layout.get("num_layers") or (screen or {}).get("num_layers")
     n_heads = layout.get("num_heads") or (screen or {}).get("num_heads")
     total_heads = n_layers * n_heads if isinstance(n_layers, int) and isinstance(n_heads, int) else "n/a"
-    base_text = f"`{source_id}`" if is_hub else f"a local model (`{short}`)"
+    base_text = f"[`{origin.base_model}`](https://huggingface.co/{origin.base_model})" if origin.base_model \
+        else f"a model without a known Hub id (`{short}`)"
     summary = (
         f"This checkpoint is {base_text} with {len(heads)} attention head(s) zeroed ({heads_text or 'none'}), "
         f"found by headedit for the task {task}. Each head's columns of its layer's attention output projection "
         f"(`o_proj.weight[:, h*d:(h+1)*d]`, d = {layout.get('head_dim', 'head_dim')}) are set to zero, which removes "
         "that head's contribution for every input; no weight was trained and no shape changed. "
         f"On held-out data, accuracy went from {_pct(validation.get('intact_acc'))} to "
-        f"{_pct(validation.get('edited_acc'))} ({_pts(validation.get('gain_points'))} points)."
+        f"{_pct(validation.get('edited_acc'))} ({pts(validation.get('gain_points'))} points)."
     )
     files = manifest.get("files") or {}
     weights = sorted((n, d) for n, d in files.items() if n.endswith(".safetensors"))
     source_weights = sorted(((manifest.get("source") or {}).get("files") or {}).items())
+    packages, environment = versions(run)
     card = ModelCard.from_template(
         card_data,
         template_path=str(template_path()),
         title=f"{short}, {len(heads)} head(s) ablated for {task}",
         summary=summary, split=split, results=[_row(validation)], verdict=str(validation.get("verdict", "n/a")),
-        side_effects=[_row(s) for s in side], heads_count=len(heads), total_heads=total_heads,
+        damage=damage_line(validation), side_effects=[_row(s) for s in side], heads_count=len(heads),
+        total_heads=total_heads,
         heads_list=[{"layer": h.layer, "head": h.head,
-                     "delta": _pts(delta_at[(h.layer, h.head)]) if (h.layer, h.head) in delta_at else None} for h in heads],
-        heatmap=bool(delta_at), heatmap_scale=f"{max((abs(float(v)) for v in delta_at.values()), default=0.0):.2f}",
-        method=_method(run, screen, search, selection, validation), repo_id=repo_id or "YOUR_NAMESPACE/" + model_name,
-        limitations=_limitations(validation, side), recipe=recipe, versions=_versions(run),
+                     "delta": pts(delta_at[(h.layer, h.head)]) if (h.layer, h.head) in delta_at else None} for h in heads],
+        heatmap=bool(delta_at), screen_unit=str((screen or {}).get("unit", "points")),
+        screen_objective=str((screen or {}).get("objective") or "accuracy"),
+        discovery_n=(screen or {}).get("n") or ((run or {}).get("task") or {}).get("discovery_n", "n/a"),
+        method=_method(run, screen, search, selection, validation), repo_id=target, placeholder=repo_id is None,
+        base_model=origin.base_model, base_from=origin.base_from, license=origin.license,
+        license_from=origin.license_from, limitations=_limitations(validation, side), recipe=recipe,
+        versions=packages, environment=environment,
         weight_hashes=weights + [(f"source: {n}", d) for n, d in source_weights],
         headedit_version=manifest.get("headedit_version", __version__),
     )
-    keep = tuple(x for x in (repo_id, source_id if is_hub else None) if x)
+    keep = tuple(x for x in (target, origin.base_model, source_id if is_hub else None) if x)
     return ModelCard(scrub(str(card), keep=keep))
+
+
+def _heatmap(export: Path, where: Path, manifest: dict[str, Any]) -> bool:
+    """Write heads.png from the run's screen; False when there is no screen to draw."""
+    from headedit.export.heatmap_png import render_heatmap_png  # matplotlib: only when a card is written
+
+    screen = _read_json(where / "screen.json")
+    delta = (screen or {}).get("delta")
+    if not (isinstance(delta, list) and delta and all(isinstance(r, list) for r in delta)):
+        return False
+    heads_text = str(manifest.get("heads", ""))
+    ablated = [(h.layer, h.head) for h in parse_heads(heads_text)] if heads_text else []
+    validation = _read_json(where / "validation.json") or {}
+    run = _read_json(where / "run.json") or {}
+    selection = _read_json(where / "selection.json") or {}
+    n = (screen or {}).get("n") or (run.get("task") or {}).get("discovery_n") or selection.get("n")
+    complete = (screen or {}).get("complete")
+    png = render_heatmap_png(delta, ablated, task=str(validation.get("task", "")), n=n if isinstance(n, int) else None,
+                             method=str((screen or {}).get("method", "single")),
+                             unit=str((screen or {}).get("unit", "points")), objective=str((screen or {}).get("objective") or "accuracy"),
+                             complete=complete if isinstance(complete, list) else None)
+    write_bytes_atomic(export / HEATMAP, png)
+    return True
+
+
+def _rehash(export: Path, manifest: dict[str, Any], written: list[str], repo_id: str) -> dict[str, Any]:
+    files = dict(manifest.get("files") or {})
+    for name in written:
+        files[name] = sha256_file(export / name)
+    manifest = {**manifest, "files": dict(sorted(files.items())), "card": {"repo_id": repo_id}}
+    write_bytes_atomic(export / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
+    return manifest
 
 
 def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_id: str | None = None) -> Path:
     """Write README.md (and heads.png, recipe.toml, validation.json from the run) into a verified export.
 
-    The manifest's file hashes are extended to the written files, so `push` re-verifies them too.
+    The manifest's file hashes are extended to the written files, so `push` re-verifies them too; it also
+    records the repo id the card names (`card.repo_id`), so `push --repo` can re-render it for another repo.
     """
     export = Path(export_dir)
     manifest = verify_export(export)
@@ -310,21 +336,49 @@ def write_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_i
                 write_bytes_atomic(export / name, scrub((run / name).read_text(encoding="utf-8")).encode("utf-8"))
                 written.append(name)
     card = render_card(export, run_dir, repo_id)
-    screen = _read_json((Path(run_dir) if run_dir is not None else export) / "screen.json")
-    delta = (screen or {}).get("delta")
-    if isinstance(delta, list) and delta and all(isinstance(r, list) for r in delta):
-        heads_text = str(manifest.get("heads", ""))
-        ablated = [(h.layer, h.head) for h in parse_heads(heads_text)] if heads_text else []
-        write_bytes_atomic(export / HEATMAP, encode_png(heatmap_rgb(delta, ablated)))
+    if _heatmap(export, Path(run_dir) if run_dir is not None else export, manifest):
         written.append(HEATMAP)
     write_bytes_atomic(export / CARD, str(card).encode("utf-8"))
     written.append(CARD)
-    files = dict(manifest.get("files") or {})
-    for name in written:
-        files[name] = sha256_file(export / name)
-    manifest["files"] = dict(sorted(files.items()))
-    write_bytes_atomic(export / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
+    named = repo_id or _named_repo(str(card))
+    _rehash(export, manifest, written, named)
     return export / CARD
 
 
-__all__ = ["render_card", "write_card", "scrub", "template_path"]
+def _named_repo(card_text: str) -> str:
+    found = re.search(r'from_pretrained\("([^"]+)"\)', card_text)
+    return found.group(1) if found else ""
+
+
+def retarget_card(export_dir: str | Path, repo_id: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Make the export's card name `repo_id` (usage snippet, model-index name) before it is pushed there.
+
+    Only the repo id changes; every figure stays as validated. Returns the (re-hashed) manifest. An export
+    without a card, or whose card already names `repo_id`, is left as it is.
+    """
+    from huggingface_hub import ModelCard
+
+    export = Path(export_dir)
+    manifest = manifest if manifest is not None else verify_export(export)
+    card_file = export / CARD
+    if not card_file.is_file() or CARD not in (manifest.get("files") or {}):
+        return manifest
+    text = card_file.read_text(encoding="utf-8")
+    old = str((manifest.get("card") or {}).get("repo_id") or _named_repo(text))
+    if not old or old == repo_id:
+        return manifest
+    for line in _placeholder_note(old):
+        text = text.replace(line, "")
+    card = ModelCard(text.replace(f'"{old}"', f'"{repo_id}"').replace(f"`{old}`", f"`{repo_id}`"))
+    card.data.model_name = repo_id.split("/")[-1]  # the model-index name is re-serialised from it
+    text = str(card)
+    write_bytes_atomic(card_file, text.encode("utf-8"))
+    return _rehash(export, manifest, [CARD], repo_id)
+
+
+def _placeholder_note(old: str) -> list[str]:
+    return [f"`{old}` is a placeholder: `headedit push EXPORT --repo NAMESPACE/NAME` writes the real repo id here."]
+
+
+__all__ = ["render_card", "write_card", "retarget_card", "scrub", "template_path", "placeholder_repo_id",
+           "repo_name", "dataset_of", "damage_line", "HUB_DATASETS"]

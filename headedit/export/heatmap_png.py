@@ -1,93 +1,123 @@
-"""Layer x head heatmap of a screen, as a PNG written with zlib alone (no plotting dependency).
+"""The screen's layer x head heatmap as a PNG a person can read: for the model card and the README.
 
-Rows are layers (layer 0 at the top), columns are query heads (head 0 at the left). Colour is the
-screen's delta in points: orange where zeroing the head raised discovery accuracy, blue where it
-lowered it, white for no change; the ablated heads get a black frame. The bytes are deterministic,
-so re-rendering an unchanged run gives an identical file (and an identical hash in the manifest).
+Layer and head axes with labels, a colour bar in points, the one diverging scale of `headedit.colors` (green =
+zeroing the head alone raised discovery accuracy, red = lowered it, grey = no change), the ablated heads framed,
+the value in each cell when the grid is small enough to read, and a title with the task and n. Drawn with
+matplotlib's Agg canvas directly (no pyplot, no global backend switch); matplotlib is imported only here.
+The bytes are deterministic for one matplotlib version (no timestamp or software tag in the file).
 """
 from __future__ import annotations
 
-import struct
-import zlib
+import io
+import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
-import numpy as np
+from headedit.colors import boundaries, delta_rgb, ink_rgb, legend_stops, scale_max
 
-POSITIVE = np.array([230, 97, 1], dtype=np.float64)  # orange: ablation helps
-NEGATIVE = np.array([33, 102, 172], dtype=np.float64)  # blue: ablation hurts
-WHITE = np.array([255, 255, 255], dtype=np.float64)
-FRAME = np.array([0, 0, 0], dtype=np.uint8)
-GRID = np.array([200, 200, 200], dtype=np.uint8)
+ANNOTATE_MAX_CELLS = 24 * 24  # above this many heads the cells are too small for numbers
+CELL_INCHES = 0.42
+DPI = 110
 
 
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+def _unit(rgb: tuple[int, int, int]) -> tuple[float, float, float]:
+    return (rgb[0] / 255, rgb[1] / 255, rgb[2] / 255)
 
 
-def encode_png(rgb: np.ndarray) -> bytes:
-    """Encode an [height, width, 3] uint8 array as an 8-bit RGB PNG."""
-    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
-        raise ValueError("encode_png needs a uint8 array of shape [height, width, 3]")
-    height, width, _ = rgb.shape
-    raw = np.concatenate([np.zeros((height, 1), dtype=np.uint8), rgb.reshape(height, width * 3)], axis=1)  # [h, 1 + w*3]: filter byte 0 per row
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(raw.tobytes(), 9)) + _chunk(b"IEND", b"")
+def heatmap_figure(
+    delta: Sequence[Sequence[float | None]],
+    ablated: Iterable[tuple[int, int]] = (),
+    *,
+    task: str = "",
+    n: int | None = None,
+    method: str = "single",
+    unit: str = "points",
+    objective: str = "accuracy",
+    complete: Sequence[Sequence[bool]] | None = None,
+) -> Any:
+    """A matplotlib Figure (Agg canvas attached) of the screen; rows = layers (0 at the top), columns = heads."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
-
-def heatmap_rgb(delta: Sequence[Sequence[float]], ablated: Iterable[tuple[int, int]] = (), cell: int | None = None) -> np.ndarray:
-    """Pixels of the heatmap: one `cell` x `cell` square per (layer, head), colour scaled to max |delta|."""
-    values = np.asarray(delta, dtype=np.float64)
+    values = np.array([[math.nan if v is None else float(v) for v in row] for row in delta], dtype=np.float64)
     if values.ndim != 2 or values.size == 0:
         raise ValueError("delta must be a non-empty [layers][heads] table")
-    values = np.nan_to_num(values, nan=0.0)
     layers, heads = values.shape
-    if cell is None:
-        cell = int(max(6, min(24, 768 // max(layers, heads))))
-    scale = float(np.abs(values).max()) or 1.0
-    t = np.clip(values / scale, -1.0, 1.0)[..., None]  # [layer, head, 1]
-    colours = np.where(t >= 0, WHITE + (POSITIVE - WHITE) * t, WHITE + (NEGATIVE - WHITE) * -t)  # [layer, head, 3]
-    img = np.repeat(np.repeat(colours.round().astype(np.uint8), cell, axis=0), cell, axis=1)  # [layer*cell, head*cell, 3]
-    img[::cell, :, :] = GRID
-    img[:, ::cell, :] = GRID
-    for layer, head in ablated:
-        if 0 <= layer < layers and 0 <= head < heads:
-            y, x = layer * cell, head * cell
-            frame = max(1, cell // 6)
-            img[y:y + cell, x:x + frame] = FRAME
-            img[y:y + cell, x + cell - frame:x + cell] = FRAME
-            img[y:y + frame, x:x + cell] = FRAME
-            img[y + cell - frame:y + cell, x:x + cell] = FRAME
-    return img
+    vmax = scale_max(v for v in values.ravel().tolist() if math.isfinite(v))
+    stops = legend_stops(vmax)  # (low, high, rgb) from -vmax to +vmax
+    edges = [stops[0][0]] + [high for _, high, _ in stops]
+    cmap = ListedColormap([_unit(rgb) for _, _, rgb in stops]).with_extremes(bad=_unit((255, 255, 255)))
+    norm = BoundaryNorm(edges, cmap.N)
+
+    width = min(18.0, max(6.5, 2.6 + heads * CELL_INCHES))
+    height = min(14.0, max(3.2, 1.7 + layers * CELL_INCHES))
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    shown = np.clip(np.ma.masked_invalid(values), -vmax, vmax)  # the scale ends at ±vmax
+    ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+    ax.set_xlabel("head (query head index)")
+    ax.set_ylabel("layer")
+    step_x = max(1, math.ceil(heads / 32))
+    step_y = max(1, math.ceil(layers / 32))
+    ax.set_xticks(range(0, heads, step_x))
+    ax.set_yticks(range(0, layers, step_y))
+    ax.set_xticks([x - 0.5 for x in range(heads + 1)], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(layers + 1)], minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.6)
+    ax.tick_params(which="minor", length=0)
+
+    if layers * heads <= ANNOTATE_MAX_CELLS:
+        size = max(5.0, min(9.0, 60.0 / max(heads, 1)))
+        for layer in range(layers):
+            for head in range(heads):
+                v = values[layer, head]
+                if not math.isfinite(v):
+                    continue
+                stopped = complete is not None and not complete[layer][head]
+                bg = delta_rgb(v, vmax)  # the cell's own colour, so the number gets black or white ink
+                ax.text(head, layer, f"{v:+.1f}" + ("~" if stopped else ""), ha="center", va="center",
+                        fontsize=size, color=_unit(ink_rgb(bg)))
+    chosen = sorted({(int(layer), int(head)) for layer, head in ablated
+                     if 0 <= int(layer) < layers and 0 <= int(head) < heads})
+    for layer, head in chosen:
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2.4))
+        ax.add_patch(Rectangle((head - 0.42, layer - 0.42), 0.84, 0.84, fill=False, edgecolor="white", linewidth=1.0))
+
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.05, pad=0.03)
+    bar.set_label(f"change in {objective} ({unit})")
+    inner = boundaries(vmax)[:-1]  # step edges; uniform spacing on the bar gives each step the same room
+    ticks = [-vmax, *(-e for e in reversed(inner)), 0.0, *inner, vmax]
+    bar.set_ticks(ticks)
+    bar.set_ticklabels([("0" if t == 0 else f"{t:+.0f}" if abs(t) >= 10 else f"{t:+.1f}") for t in ticks])
+    what = f"{task} (n={n})" if n is not None else task
+    stopped_any = complete is not None and not all(all(row) for row in complete)
+    ax.set_title(f"{method} head screen on {what}: change in {objective} when zeroed alone\n"
+                 f"green = zeroing helps, red = hurts; framed = ablated ({len(chosen)} head"
+                 f"{'s' if len(chosen) != 1 else ''}){'; ~ = stopped early' if stopped_any else ''}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
-def write_heatmap_png(path: str | Path, delta: Sequence[Sequence[float]], ablated: Iterable[tuple[int, int]] = (),
-                      cell: int | None = None) -> Path:
+def render_heatmap_png(delta: Sequence[Sequence[float | None]], ablated: Iterable[tuple[int, int]] = (), **kw: Any) -> bytes:
+    """PNG bytes of `heatmap_figure` (same arguments)."""
+    fig = heatmap_figure(delta, ablated, **kw)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def write_heatmap_png(path: str | Path, delta: Sequence[Sequence[float | None]],
+                      ablated: Iterable[tuple[int, int]] = (), **kw: Any) -> Path:
     """Render and write the heatmap PNG; returns the path."""
     path = Path(path)
-    path.write_bytes(encode_png(heatmap_rgb(delta, ablated, cell)))
+    path.write_bytes(render_heatmap_png(delta, ablated, **kw))
     return path
 
 
-def decode_png(data: bytes) -> np.ndarray:
-    """Decode a PNG written by `encode_png` (8-bit RGB, filter 0) back to [height, width, 3]; used by tests."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n":
-        raise ValueError("not a PNG")
-    pos, idat, width, height = 8, b"", 0, 0
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        if zlib.crc32(kind + body) & 0xFFFFFFFF != struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]:
-            raise ValueError(f"bad CRC in {kind!r} chunk")
-        if kind == b"IHDR":
-            width, height = struct.unpack(">II", body[:8])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(height, 1 + width * 3)  # [h, filter + w*3]
-    if raw[:, 0].any():
-        raise ValueError("only filter type 0 is supported")
-    return raw[:, 1:].reshape(height, width, 3)  # [h, w, rgb]
-
-
-__all__ = ["encode_png", "decode_png", "heatmap_rgb", "write_heatmap_png"]
+__all__ = ["heatmap_figure", "render_heatmap_png", "write_heatmap_png"]

@@ -62,13 +62,23 @@ def load_rows(
             f"no {split} split of {dataset_id} in the local data folder ({folder}/{split}.jsonl missing)",
             f"add {folder}/{split}.jsonl in the hub schema, or unset {DATA_DIR_ENV} to use the hub",
         )
+    from headedit.offline import hub_unreachable, offline_env
+
+    offline = hub_unreachable()
+    if offline and not offline_env():  # datasets would retry ~25 s; with HF_HUB_OFFLINE it reads its cache fast
+        raise TaskError(
+            f"cannot load {dataset_id} ({split}): {offline}",
+            f"point --data-dir or {DATA_DIR_ENV} (or task.data_dir) at a folder with {folder}/{split}.jsonl, "
+            "or set HF_HUB_OFFLINE=1 to use a datasets cache",
+        )
     try:
         import datasets  # heavy; only when really going to the hub
 
         ds = datasets.load_dataset(dataset_id, config, split=split)
     except Exception as err:  # offline, missing, or a hub error: all mean the same to the user
         raise TaskError(
-            f"cannot load {dataset_id} ({split}) from the hub: {type(err).__name__}",
+            f"cannot load {dataset_id} ({split}) " + (f"from the datasets cache ({offline})" if offline else
+                                                       f"from the hub: {type(err).__name__}"),
             f"offline? point {DATA_DIR_ENV} (or --data-dir / task.data_dir) at a folder with {folder}/{split}.jsonl",
         ) from None
     return [dict(row) for row in ds], f"{dataset_id} {split} (hub)"
