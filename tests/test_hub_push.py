@@ -259,3 +259,185 @@ def test_push_refuses_an_export_that_contains_the_token(hub_inprocess, hub_user,
         push_export(export, f"{hub_user.name}/leaky", token=hub_user.token)
     assert "recipe.toml" in str(err.value) and hub_user.token not in str(err.value)
     assert f"{hub_user.name}/leaky" not in hub_inprocess.state.repos
+
+
+# ---- issue 18: what goes up is exactly what was validated, scanned byte for byte ------------------------------
+def _rewrite_manifest(export: Path, rebind: bool = False) -> None:
+    """Re-hash the export into its manifest (consistent, so only the check under test can refuse); with `rebind`,
+    also re-bind its validation to the weights now there."""
+    from headedit.export.bake import write_manifest
+    from headedit.export.outgoing import checkpoint_record
+
+    manifest = json.loads((export / "headedit.json").read_text())
+    manifest = write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
+    if rebind:
+        validation = json.loads((export / "validation.json").read_text())
+        (export / "validation.json").write_text(json.dumps({**validation, "checkpoint": checkpoint_record(manifest)}))
+        write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
+
+
+def _weights_with(export: Path, metadata: dict[str, str] | None = None, extra_key: str | None = None) -> None:
+    """Rewrite the export's weights with extra safetensors metadata or an extra tensor name (header bytes only)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(export / "model.safetensors")
+    if extra_key is not None:
+        tensors[extra_key] = torch.zeros(1)
+    save_file(tensors, export / "model.safetensors", metadata={"format": "pt", **(metadata or {})})
+
+
+def test_push_scans_weight_headers_for_the_token_and_any_hf_token(hub_inprocess, hub_user, hub_export):
+    _, _, export = hub_export
+    repo = f"{hub_user.name}/leaky-weights"
+    cases = [
+        ({"note": f"pushed with {hub_user.token}"}, None),  # the pushing account's token, in the header metadata
+        ({"t": hub_user.token[::-1]}, None),  # reversed
+        (None, "hf_" + "Q" * 34 + ".weight"),  # anyone's token shape, as a tensor name
+    ]
+    for metadata, key in cases:
+        _weights_with(export, metadata, key)
+        _rewrite_manifest(export, rebind=True)
+        with pytest.raises(ExportError) as err:
+            push_export(export, repo, token=hub_user.token)
+        text = str(err.value)
+        assert "model.safetensors" in text and "token" in text and hub_user.token not in text, text
+    assert repo not in hub_inprocess.state.repos
+
+
+def test_bake_never_copies_source_metadata(tmp_path, hub_user):
+    """The token in a source checkpoint's safetensors metadata does not travel into the export at all."""
+    from hub.builders import make_source
+    from safetensors import safe_open
+
+    from headedit.export.bake import bake
+
+    source = make_source(tmp_path / "source")
+    _weights_with(source, {"uploaded_by": hub_user.token, "format": "pt"})
+    out = bake(source, "0.1", tmp_path / "out")
+    assert hub_user.token.encode() not in (out / "model.safetensors").read_bytes()
+    with safe_open(str(out / "model.safetensors"), framework="pt") as reader:
+        assert reader.metadata() == {"format": "pt"}
+    second = bake(source, "0.1", tmp_path / "again")  # reproducible byte for byte (what validation binds to)
+    assert (second / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_push_uploads_only_manifest_files_and_refuses_links_out(hub_inprocess, hub_user, hub_export, tmp_path):
+    _, _, export = hub_export
+    (export / "notes.txt").write_text("private notes, never listed in the manifest\n")
+    url = push_export(export, f"{hub_user.name}/listed-only", token=hub_user.token)
+    head = hub_inprocess.state.repos[f"{hub_user.name}/listed-only"].resolve("main")
+    manifest = json.loads((export / "headedit.json").read_text())
+    assert url.endswith(head.sha) and "notes.txt" not in head.files
+    assert set(head.files) - {".gitattributes"} == set(manifest["files"]) | {"headedit.json"}
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("a private file outside the export\n")
+    (export / "LICENSE.txt").symlink_to(secret)
+    _rewrite_manifest(export)  # hashes the link's target: consistent, yet the file lives outside the export
+    with pytest.raises(ExportError, match="LICENSE.txt is a link to outside the export"):
+        push_export(export, f"{hub_user.name}/linked", token=hub_user.token)
+    assert f"{hub_user.name}/linked" not in hub_inprocess.state.repos
+
+
+def test_validation_is_bound_to_the_exported_checkpoint(hub_inprocess, hub_user, hub_export, tmp_path):
+    """A validation of other heads, other source weights or other baked weights never vouches for an export,
+    --force included; one without a checkpoint record (an older headedit) needs --force."""
+    from hub.builders import bind_validation, make_run
+
+    from headedit.export.bake import bake
+    from headedit.export.card import write_card
+
+    source, run, _ = hub_export
+    other = bake(source, "1.3", tmp_path / "other")  # an export of heads 1.3 ...
+    copied = (run / "validation.json").read_bytes()  # ... carrying the validation of 0.1,1.2
+    (other / "validation.json").write_bytes(copied)
+    _rewrite_manifest(other)
+    for force in (False, True):
+        with pytest.raises(ExportError, match="validation.json is for heads '0.1,1.2' but this export ablates '1.3'"):
+            push_export(other, f"{hub_user.name}/mismatch", token=hub_user.token, force=force)
+
+    # same heads, but the validation measured another source model's weights
+    run13 = make_run(tmp_path / "run13", source, heads="1.3")
+    bind_validation(run13, other)
+    record = json.loads((run13 / "validation.json").read_text())
+    record["checkpoint"]["source_files"] = {"model.safetensors": "0" * 64}
+    (other / "validation.json").write_text(json.dumps(record))
+    _rewrite_manifest(other)
+    with pytest.raises(ExportError, match="other source model"):
+        push_export(other, f"{hub_user.name}/mismatch", token=hub_user.token, force=True)
+
+    # and the baked weights: a validation bound to 1.3's weights copied into an export whose weights differ
+    record = json.loads((run13 / "validation.json").read_text())
+    record["checkpoint"]["weight_files"]["model.safetensors"] = "f" * 64
+    (other / "validation.json").write_text(json.dumps(record))
+    _rewrite_manifest(other)
+    with pytest.raises(ExportError, match="other baked weights"):
+        push_export(other, f"{hub_user.name}/mismatch", token=hub_user.token, force=True)
+
+    # an unbound validation (older headedit): refused, pushable only with --force
+    del record["checkpoint"]
+    (run13 / "validation.json").write_text(json.dumps(record))
+    write_card(other, run13)
+    with pytest.raises(ExportError, match="does not name the checkpoint"):
+        push_export(other, f"{hub_user.name}/mismatch", token=hub_user.token)
+    assert f"{hub_user.name}/mismatch" not in hub_inprocess.state.repos
+    push_export(other, f"{hub_user.name}/mismatch", token=hub_user.token, force=True)
+
+    # a bound validation pushes without --force
+    bind_validation(run13, other)
+    write_card(other, run13)
+    push_export(other, f"{hub_user.name}/bound", token=hub_user.token)
+
+
+HOSTILE: list[tuple[str, str, str, str | tuple[str, ...]]] = [  # (case, route, fault, expected in the error line)
+    ("never-answers", "whoami", "hang", "did not answer within 2 s"),
+    ("html-200", "whoami", "html", "not the Hub API"),
+    ("json-array-whoami", "whoami", "json-array", "not the Hub API"),
+    ("json-array-commit", "commit", "json-array", "not the Hub API"),
+    ("killed-mid-upload", "lfs_put", "die", ("cannot reach the Hub", "broke off")),  # which depends on the retry
+]
+
+
+def test_hostile_hub_servers_give_one_line(hub_export, hub_env, tmp_path):
+    """The real local Hub server made hostile per route: every push ends in one line and exit 2, within bounds
+    (the killed server costs huggingface_hub's own retries, ~25 s), and writes nothing to the export."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hub.server import LocalHubServer
+
+    _, _, export = hub_export
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    servers = []
+
+    def one(case: tuple[str, str, str, object]) -> tuple[str, subprocess.CompletedProcess[str], float]:
+        name, route, fault, _ = case
+        server = LocalHubServer(0).start()
+        servers.append(server)
+        server.faults[route] = fault
+        token = server.add_user("hostile")
+        env = {**hub_env, "HF_ENDPOINT": server.url, "HF_TOKEN": token, "HEADEDIT_HUB_TIMEOUT": "2",
+               "HF_HOME": str(tmp_path / f"hf-{name}")}
+        if name == "non-ascii-token":
+            env["HF_TOKEN"] = "hf_t\u00f6k\u00e9n_with_umlauts_1234567890"
+        import time
+
+        start = time.monotonic()
+        res = _cli(["push", str(export), "--repo", f"hostile/{name}"], env)
+        return name, res, time.monotonic() - start
+
+    cases = [*HOSTILE, ("non-ascii-token", "", "", "characters no token has")]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(one, cases))
+    finally:
+        for server in servers:
+            server.stop()
+    problems = []
+    for (name, res, seconds), (_, _, _, expect) in zip(results, cases):
+        lines = res.stderr.strip().splitlines()
+        named = any(e in lines[0] for e in ((expect,) if isinstance(expect, str) else expect)) if lines else False
+        if res.returncode != 2 or len(lines) != 1 or not named or "Traceback" in res.stderr or seconds > 90:
+            problems.append(f"{name}: exit {res.returncode} after {seconds:.0f}s: {res.stderr[-800:]!r}")
+    assert not problems, "\n".join(problems)
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before

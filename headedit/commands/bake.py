@@ -14,12 +14,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--heads", required=True, help='head set, e.g. "3.1,5.7", "4.*", "2.0-3"')
     p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--revision", default=None, help="hub revision of MODEL")
-    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder (never one another "
+                   "headedit process is writing)")
+    p.add_argument("--allow-empty", action="store_true", help='accept an empty head set (--heads ""): an unedited copy')
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
     with progress_reporter(console) as reporter:
-        out = bake(args.model, args.heads, args.out, force=args.force, revision=args.revision, reporter=reporter)
+        out = bake(args.model, args.heads, args.out, force=args.force, revision=args.revision, reporter=reporter,
+                   allow_empty=args.allow_empty)
     console.print(f"baked: {out}")
     return 0

@@ -72,8 +72,20 @@ def make_export(root: Path, heads: str = HEADS, passed: bool = True, card: bool 
     source = make_source(root / "source")
     run = make_run(root / "run", source, heads, passed)
     export = bake(source, heads, root / "export")
+    bind_validation(run, export)
     if card:
         from headedit.export.card import write_card
 
         write_card(export, run)
     return source, run, export
+
+
+def bind_validation(run: Path, export: Path) -> None:
+    """Record in the run's validation.json the checkpoint it vouches for, as `headedit validate` does from the
+    checkpoint it bakes and reloads (bake is reproducible, so that is this export's manifest)."""
+    from headedit.export.bake import read_manifest
+    from headedit.export.outgoing import checkpoint_record
+
+    validation = json.loads((run / "validation.json").read_text())
+    validation["checkpoint"] = checkpoint_record(read_manifest(export))
+    (run / "validation.json").write_text(json.dumps(validation), encoding="utf-8")

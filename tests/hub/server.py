@@ -75,6 +75,10 @@ class Handler(BaseHTTPRequestHandler):
                 match = pattern.match(path)
                 if match and method == self.command:
                     groups = {k: unquote(v) if v is not None else None for k, v in match.groupdict().items()}
+                    fault = self.server.faults.get(handler)
+                    if fault is not None:
+                        status = self._fault(fault)
+                        break
                     status = getattr(self, "h_" + handler)(**groups)
                     break
             else:
@@ -92,6 +96,24 @@ class Handler(BaseHTTPRequestHandler):
             self.server.state.requests.append((self.command, unquote(path), status))
 
     do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = _dispatch
+
+    def _fault(self, fault: str) -> int:
+        """A hostile or broken server, for one route: `hang` (accept, never answer), `html` / `json-array` (status
+        200 with a body that is not the Hub API), `die` (the server stops listening and drops this request, as if
+        killed mid-upload)."""
+        if fault == "hang":
+            self.server.release.wait(120)
+            self.close_connection = True
+            return 0
+        if fault == "html":
+            return self._send(200, b"<!doctype html><html><body>Welcome to nginx!</body></html>", ctype="text/html")
+        if fault == "json-array":
+            return self._json(200, [1, 2, 3])
+        if fault == "die":
+            self.server.die()
+            self.close_connection = True
+            return 0
+        raise AssertionError(f"unknown fault {fault!r}")
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None, ctype: str = "application/json") -> int:
         self.send_response(status)
@@ -411,6 +433,15 @@ class LocalHubServer(ThreadingHTTPServer):
         self.state = HubState()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread: threading.Thread | None = None
+        self.faults: dict[str, str] = {}  # route handler name (e.g. "whoami", "lfs_put") -> fault, see Handler._fault
+        self.release = threading.Event()  # lets `hang` handlers go when the server stops
+        self.dead = False
+
+    def die(self) -> None:
+        """Stop listening at once (new connections are refused), as a server killed mid-request."""
+        self.dead = True
+        self.shutdown()  # from a handler thread: waits for serve_forever's loop to end (its client is waiting on us)
+        self.socket.close()
 
     def add_user(self, name: str, orgs: tuple[str, ...] = (), role: str = "write") -> str:
         """Register a user (if new) and return a fresh token with `role` ("read" or "write")."""
@@ -426,7 +457,9 @@ class LocalHubServer(ThreadingHTTPServer):
         return self
 
     def stop(self) -> None:
-        self.shutdown()
+        self.release.set()
+        if not self.dead:
+            self.shutdown()
         self.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
