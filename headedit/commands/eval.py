@@ -1,24 +1,36 @@
-"""`headedit eval MODEL --task T --split discovery|heldout`: accuracy, n and a 95% Wilson interval."""
+"""`headedit eval MODEL --task T --split discovery|heldout`: accuracy, n and a 95% Wilson interval.
+
+`--task` takes a built-in name (`headedit tasks` lists them), an lm-eval task YAML (`FILE.yaml[#metric[,filter]]`),
+a task TOML over a JSONL/CSV file, or `lm-eval:NAME`. `--json` writes the results with their provenance (model id,
+revision, dtype, device, task source with file hashes, seed, limit, versions, date); `--log-samples` writes one
+JSON line per example (prompt, choices and scores or the generated text, target, correct).
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from headedit.errors import HeadeditError
+from headedit.errors import HeadeditError, TaskError
 from headedit.model.heads import format_heads, parse_heads
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("eval", help="evaluate a model (optionally with heads ablated) on a task split")
     p.add_argument("model", help="local model folder or hub id")
-    p.add_argument("--task", required=True, help="arithmetic, boolq, hellaswag, mbpp, gsm8k")
+    p.add_argument("--task", required=True,
+                   help="a built-in task (see `headedit tasks`), an lm-eval task file FILE.yaml[#METRIC[,FILTER]], "
+                        "a task .toml over a JSONL/CSV file, or lm-eval:NAME")
     p.add_argument("--split", choices=("discovery", "heldout"), default="heldout")
     p.add_argument("--limit", type=int, default=None, help="first N examples of the split, in order")
     p.add_argument("--heads", default="", help='heads to zero-ablate, e.g. "3.1,5.7"')
-    p.add_argument("--json", dest="json_out", default=None, help="write results (with per-example correctness) here")
+    p.add_argument("--json", dest="json_out", default=None,
+                   help="write results (per-example correctness and provenance) here")
+    p.add_argument("--log-samples", dest="samples_out", default=None, metavar="FILE",
+                   help="write one JSON line per example: prompt, choices with scores or generated text, target, correct")
     p.add_argument("--data-dir", default=None, help="local data folder (default $HEADEDIT_DATA_DIR, else the hub)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
@@ -33,12 +45,13 @@ def add_parser(sub: Any) -> None:
 def evaluate(
     model: Any, tokenizer: Any, layout: Any, task_name: str, split: str, limit: int | None = None,
     heads: str = "", data_dir: str | None = None, seed: int = 0, batch_size: int = 16,
-    chat: bool = False, chat_template_kwargs: dict | None = None,
+    chat: bool = False, chat_template_kwargs: dict | None = None, log_samples: bool = False,
 ) -> dict[str, Any]:
-    """The numbers `headedit eval` prints and writes."""
+    """The numbers `headedit eval` prints and writes (with `log_samples`, also `samples`: one record per example)."""
     from headedit.engine.core import Engine
     from headedit.stats import wilson_interval
     from headedit.tasks import get_task
+    from headedit.tasks.source import task_source
 
     if limit is not None and limit < 1:
         raise HeadeditError(f"--limit must be at least 1, got {limit}", "e.g. --limit 100")
@@ -48,16 +61,44 @@ def evaluate(
     task = get_task(task_name)
     loaded = task.load(split, None, seed, Path(data_dir) if data_dir else None)  # type: ignore[arg-type]
     examples = list(loaded.examples)[:limit] if limit else list(loaded.examples)
+    if not examples:
+        raise TaskError(f"the {split} split of {task.name} has no examples ({loaded.source})",
+                        "check the data file or folder the task reads")
     engine = Engine(model, tokenizer, layout, batch_size=batch_size, chat=chat, chat_template_kwargs=chat_template_kwargs)
     correct = engine.correctness(task, examples, [head_set])[0]
     n, k = len(examples), int(correct.sum())
     lo, hi = wilson_interval(k, n)
     lo, hi = min(lo, k / n if n else 0.0), max(hi, k / n if n else 1.0)  # float rounding at 0 and 1
-    return {
+    result: dict[str, Any] = {
         "task": task.name, "dataset_id": task.dataset_id, "split": split, "metric": task.metric,
         "heads": format_heads(head_set), "n": n, "correct": k, "accuracy": k / n if n else 0.0,
-        "ci95": [lo, hi], "source": loaded.source, "note": loaded.note,
+        "ci95": [lo, hi], "source": loaded.source, "note": loaded.note, "task_source": task_source(task),
+        "seed": seed, "limit": limit,
         "examples": [{"index": ex.index, "correct": bool(c)} for ex, c in zip(examples, correct)],
+    }
+    if log_samples:
+        from headedit.tasks.samples import sample_records
+
+        result["samples"] = sample_records(engine, task, examples, head_set, correct)
+    return result
+
+
+def provenance(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """Which model, on what, with which software, when: enough to reproduce or compare a result."""
+    from headedit.model.loading import resolve_model
+    from headedit.tasks.source import package_versions
+
+    try:
+        source = resolve_model(args.model, args.revision, weights=False)
+        commit = source.path.name if source.hub else None  # a hub snapshot folder is named by its commit
+    except HeadeditError:
+        commit = None
+    param = next(model.parameters())
+    return {
+        "model": {"id": args.model, "revision": args.revision, "commit": commit,
+                  "dtype": str(param.dtype).removeprefix("torch."), "device": str(param.device)},
+        "versions": package_versions(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -74,13 +115,29 @@ def write_atomic(path: Path, text: str) -> None:
             tmp.unlink()
 
 
+def check_out_folder(path: str | None, option: str) -> None:
+    """An output file's folder must exist before the model is loaded (bad input fails fast)."""
+    if path and not Path(path).parent.is_dir():
+        raise HeadeditError(f"{option}: folder {Path(path).parent} does not exist", f"create it or choose another {option} path")
+    if path and Path(path).is_dir():
+        raise HeadeditError(f"{option}: {path} is a folder, not a file", f"name a file, e.g. {option} {Path(path) / 'out.json'}")
+    if path and not os.access(Path(path).parent, os.W_OK | os.X_OK):
+        raise HeadeditError(f"{option}: cannot write in {Path(path).parent}", f"choose a writable {option} path")
+
+
 def run(args: argparse.Namespace, console: Any) -> int:
     from headedit.model.loading import load_model
+    from headedit.tasks import get_task
 
+    check_out_folder(args.json_out, "--json")
+    check_out_folder(args.samples_out, "--log-samples")
+    get_task(args.task)  # a bad task (file) fails before the model loads
     model, tokenizer, layout = load_model(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
     kwargs = {"enable_thinking": False} if args.no_thinking else None
     result = evaluate(model, tokenizer, layout, args.task, args.split, args.limit, args.heads, args.data_dir,
-                      args.seed, args.batch_size, chat=args.chat or args.no_thinking, chat_template_kwargs=kwargs)
+                      args.seed, args.batch_size, chat=args.chat or args.no_thinking, chat_template_kwargs=kwargs,
+                      log_samples=bool(args.samples_out))
+    samples = result.pop("samples", None)
     lo, hi = result["ci95"]
     heads = result["heads"] or "none (intact)"
     console.print(f"{result['task']} {result['split']} ({result['source']}), heads ablated: {heads}")
@@ -89,5 +146,11 @@ def run(args: argparse.Namespace, console: Any) -> int:
     console.print(f"{result['metric']}: {100 * result['accuracy']:.2f}%  n={result['n']}  "
                   f"95% CI [{100 * lo:.2f}, {100 * hi:.2f}]", highlight=False)
     if args.json_out:
+        result.update(provenance(args, model))
         write_atomic(Path(args.json_out), json.dumps(result, indent=2) + "\n")
+    if args.samples_out and samples is not None:
+        from headedit.tasks.samples import write_samples
+
+        write_samples(Path(args.samples_out), samples)
+        console.print(f"samples: {args.samples_out} ({len(samples)} records)")
     return 0
