@@ -35,7 +35,11 @@ class OutputExistsError(HeadeditError):
 
 
 class RecipeError(HeadeditError):
-    """A recipe field is missing, mistyped, out of range or unknown."""
+    """A recipe field is missing, mistyped, out of range or unknown; `field` is its dotted key when one is to blame."""
+
+    def __init__(self, message: str, hint: str | None = None, field: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.field = field
 
 
 class TaskError(HeadeditError):

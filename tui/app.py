@@ -2,11 +2,13 @@
 every piece of work is a library call made by a screen's thread worker."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
+from textual.screen import Screen
 
 from headedit.errors import HeadeditError, RunError
 
@@ -17,6 +19,14 @@ from headedit.tui.screens.error import ErrorModal
 from headedit.tui.screens.help import HelpScreen
 from headedit.tui.screens.publish import PublishScreen
 from headedit.tui.screens.setup import SetupScreen
+
+
+def unreadable_run(run_dir: Path, err: BaseException) -> HeadeditError:
+    """A run file that parses but does not hold what its stage writes, as a user-facing error."""
+    if isinstance(err, HeadeditError):
+        return err
+    return RunError(f"cannot read the results of run {Path(run_dir).name}: {type(err).__name__}: {err}",
+                    "resume the run to redo the unfinished stage, or start a new run")
 
 
 class HeadeditApp(App[None]):
@@ -39,17 +49,12 @@ class HeadeditApp(App[None]):
         self.last_url: str | None = None
 
     def on_mount(self) -> None:
-        self.setup_screen = SetupScreen(self.runs_root, self.recipe_dirs)
+        """A recipe file fills the setup form (once it is composed); a run folder opens at the step it reached."""
+        recipe = self.target if self.target is not None and not self.target.is_dir() else None
+        self.setup_screen = SetupScreen(self.runs_root, self.recipe_dirs, recipe=recipe)
         self.push_screen(self.setup_screen)
-        if self.target is not None:
-            self.open_target(self.target)
-
-    def open_target(self, target: Path) -> None:
-        """A recipe file fills the form; a run folder opens at the step it reached."""
-        if target.is_dir():
-            self.open_run(target)
-        else:
-            self.setup_screen.load_recipe_file(target)
+        if self.target is not None and self.target.is_dir():
+            self.open_run(self.target)
 
     # ---- errors -----------------------------------------------------------------------------
     def show_error(self, error: BaseException) -> None:
@@ -67,46 +72,52 @@ class HeadeditApp(App[None]):
         self.push_screen(DiscoveryScreen(run_dir, recipe=recipe, layout=layout))
 
     def open_run(self, run_dir: Path) -> None:
+        """Open a run at the step it reached, with every earlier step beneath it, so Esc walks back in
+        pipeline order (validation -> candidates -> discovery -> setup) and a finished run's heatmap and
+        candidates stay reachable."""
         run_dir = Path(run_dir)
-        try:
+
+        def stages() -> list[Screen[Any]]:
             from headedit.runs import Run
 
             Run.open(run_dir)
-        except HeadeditError as err:
-            self.show_error(err)
+            screens: list[Screen[Any]] = [DiscoveryScreen(run_dir, resume=True, start=False)]
+            if (run_dir / "selection.json").is_file():
+                screens.append(CandidatesScreen(run_dir))
+            if (run_dir / "validation.json").is_file():
+                screens.append(BakeValidateScreen(run_dir, start=False))
+            return screens
+
+        self.open_screens(run_dir, stages)
+
+    def open_screens(self, run_dir: Path, build: Callable[[], list[Screen[Any]]]) -> None:
+        """Push the screens `build` makes. Screens read their run files when built, so a missing or corrupt
+        file ends here as the error modal, before anything is pushed, never as a crash."""
+        try:
+            screens = build()
+        except (HeadeditError, OSError, ValueError, KeyError, TypeError) as err:
+            self.show_error(unreadable_run(run_dir, err))
             return
-        if (run_dir / "validation.json").is_file():
-            self.push_screen(BakeValidateScreen(run_dir, start=False))
-        elif (run_dir / "selection.json").is_file():
-            self.open_candidates(run_dir)
-        else:
-            self.push_screen(DiscoveryScreen(run_dir, resume=True, start=False))
+        for screen in screens:
+            self.push_screen(screen)
 
     def run_finished(self, run_dir: Path) -> None:
         self.setup_screen.refresh_runs()
 
     def open_candidates(self, run_dir: Path) -> None:
-        try:
-            screen = CandidatesScreen(run_dir, compare=self.compare)
-        except (OSError, ValueError, HeadeditError) as err:
-            self.show_error(err if isinstance(err, HeadeditError) else RunError(
-                f"cannot read the results of run {Path(run_dir).name}: {err}", "resume the run to finish it"))
-            return
-        self.push_screen(screen)
+        self.open_screens(run_dir, lambda: [CandidatesScreen(run_dir, compare=self.compare)])
 
     def open_bake(self, run_dir: Path, heads: str) -> None:
-        self.push_screen(BakeValidateScreen(run_dir, heads=heads))
+        self.open_screens(run_dir, lambda: [BakeValidateScreen(run_dir, heads=heads)])
 
     def open_publish(self, run_dir: Path) -> None:
-        repo_id, private = None, True
-        try:
-            from headedit.pipeline.export import run_recipe
+        def publish() -> list[Screen[Any]]:
+            from headedit.runs import Run
 
-            recipe = run_recipe(run_dir)
-            repo_id, private = recipe.export.repo_id, recipe.export.private
-        except HeadeditError:
-            pass
-        self.push_screen(PublishScreen(run_dir, repo_id=repo_id, private=private))
+            recipe = Run.open(run_dir).recipe()
+            return [PublishScreen(run_dir, repo_id=recipe.export.repo_id, private=recipe.export.private)]
+
+        self.open_screens(run_dir, publish)
 
     def published(self, url: str) -> None:
         self.last_url = url
@@ -125,6 +136,3 @@ class HeadeditApp(App[None]):
                 event.set()
         self.exit()
 
-
-def run_app(target: str | None = None) -> None:
-    HeadeditApp(target).run()

@@ -1,7 +1,8 @@
 """The setup form as recipe text: the form never validates anything itself.
 
 Every value goes through `headedit.recipe.parse_recipe`, the same validator the CLI uses, and a
-`RecipeError` is mapped back to the form field it names (`task.name` -> the task input).
+`RecipeError` is mapped back to the form field whose dotted key it carries (`err.field == "task.name"` ->
+the task input).
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ DEFAULT_VALUES = {
     "model": "", "task": "", "discovery": "2000", "heldout": "1000", "screen": "single",
     "candidates": "16", "max_heads": "6", "device": "auto", "dtype": "auto",
 }
-_ERROR_KEY = re.compile(r"^recipe[^:]*: \[?([a-z_]+(?:\.[a-z_]+)?)")
 
 
 def form_values(recipe: Any) -> dict[str, str]:
@@ -92,11 +92,8 @@ def validate(values: dict[str, str], base: Any | None = None) -> tuple[Any | Non
 
 
 def error_field(err: HeadeditError) -> str:
-    """The form field a recipe error names ('' when it names none of them)."""
-    m = _ERROR_KEY.match(err.message)
-    if not m:
-        return ""
-    field = FIELD_BY_KEY.get(m.group(1))
+    """The form field a recipe error is about ('' when it is about none of them, or about the whole file)."""
+    field = FIELD_BY_KEY.get(getattr(err, "field", None) or "")
     return field.id if field else ""
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,12 @@ def run(args: argparse.Namespace, console: Any) -> int:
     target = Path(args.target) if args.target else None
     if target is not None and not target.exists():
         raise HeadeditError(f"{target} not found", "pass a recipe .toml or a run folder, or nothing to start empty")
-    from headedit.tui.app import HeadeditApp
+    from headedit.tui.app import HeadeditApp  # lazy: keeps textual out of CLI start-up
 
-    HeadeditApp(target, runs_root=args.runs).run()
+    app = HeadeditApp(target, runs_root=args.runs)
+    app.run()
+    if app.return_code:  # the app died; Textual has printed the traceback above this line
+        sys.stderr.write("headedit: internal error: the terminal UI stopped on an unexpected error (traceback "
+                         "above); run folders keep every finished step\n")
+        return app.return_code
     return 0

@@ -39,9 +39,10 @@ def write_run(path: Path, validated: bool = True) -> Path:
         {"heads": "0.1", "size": 1, "acc": 0.45, "gain": 42.0},
         {"heads": "0.1,1.2", "size": 2, "acc": 0.97, "gain": 94.0},
         {"heads": "0.1,1.0", "size": 2, "acc": 0.50, "gain": 47.0},
+        {"heads": "0.1,0.3", "size": 2, "acc": 0.0625, "gain": 3.1, "n": 64, "pruned": True},
     ]}))
     (path / "selection.json").write_text(json.dumps({"heads": "0.1,1.2", "discovery_acc": 0.97, "intact_acc": 0.03,
-                                                     "gain_points": 94.0}))
+                                                     "gain_points": 94.0, "n": 200}))
     if validated:
         (path / "validation.json").write_text(json.dumps({
             "task": "copy-second", "dataset_id": None, "split": "heldout", "metric": "acc", "n": 400,

@@ -49,7 +49,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
     from headedit.tui.screens.discovery import DiscoveryScreen
     from headedit.tui.screens.publish import PublishScreen
     from headedit.tui.screens.setup import SetupScreen
-    from headedit.tui.widgets.candidates import CandidateTable
+    from headedit.tui.widgets.candidates import HAND_MARK, CandidateTable
     from headedit.tui.widgets.heatmap import HeadHeatmap
     from headedit.tui.widgets.progress import StageProgressPanel
 
@@ -113,7 +113,7 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         await wait_workers(pilot)
         assert app.errors == [], app.errors
         row = table.rows_data[hand]
-        assert row["note"] == "hand-made" and 0.0 <= row["acc"] <= 1.0
+        assert row["note"] == HAND_MARK and 0.0 <= row["acc"] <= 1.0 and row["n"] == selection["n"]
         await pilot.press("a")
         assert candidates.current == selection["heads"]
 

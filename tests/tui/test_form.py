@@ -2,6 +2,7 @@
 and never opens the error modal; the form reuses the recipe validator's own messages."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,32 @@ async def test_candidates_head_set_field_inline(tmp_path: Path) -> None:
         assert app.errors == []
 
 
+async def test_action_keys_are_not_typed_into_the_head_set_box(tmp_path: Path) -> None:
+    """With the head-set box focused, `e` evaluates what was typed (it was typed in: `malformed head '1.1 e'`),
+    `a` goes back to the search's choice; letters never enter the box."""
+    from headedit.tui.widgets.candidates import HAND_MARK
+
+    run_dir = write_run(tmp_path / "run", validated=False)
+    app = HeadeditApp(runs_root=tmp_path / "runs", recipe_dirs=[])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.push_screen(CandidatesScreen(run_dir))
+        await pilot.pause()
+        screen = app.screen
+        field = screen.query_one("#set")
+        field.focus()
+        field.value = ""
+        await pilot.press(*"1.1", "x", "e")
+        await pilot.pause()
+        assert field.value == "1.1" and error_text(screen, "set") == ""
+        assert "evaluating 1.1" in str(screen.query_one("#set-summary").render())
+        await wait_workers(pilot)
+        assert app.errors == [], app.errors
+        row = screen.query_one("CandidateTable").rows_data["1.1"]
+        assert row["note"] == HAND_MARK and row["n"] == 200 and 0.0 <= row["acc"] <= 1.0
+        await pilot.press("a")
+        assert field.value == "0.1,1.2" and screen.current == "0.1,1.2"
+
+
 def test_form_text_is_the_recipe_verbatim_until_edited(tmp_path: Path) -> None:
     recipe = parse_recipe(RECIPE.replace("MODEL", "some/model"), check_tasks=False)
     values = form.form_values(recipe)
@@ -167,14 +194,29 @@ async def test_open_run_folder_at_the_step_it_reached(tmp_path: Path) -> None:
         await pilot.pause()
         assert isinstance(app.screen, BakeValidateScreen)
         assert app.screen.validation["gain_points"] == 96.0
-        await pilot.press("escape")
+        await pilot.press("escape", "escape", "escape")  # back through candidates and discovery
         setup = app.screen
         assert isinstance(setup, SetupScreen)
         assert [p.name for p, _ in setup.runs] and {p.name for p, _ in setup.runs} == {"a-validated", "b-selected"}
         app.open_run(selected)
         await pilot.pause()
         assert isinstance(app.screen, CandidatesScreen)
-        await pilot.press("escape")
+        await pilot.press("escape", "escape")
+        assert app.screen is setup
         app.open_run(tmp_path)  # not a run folder: the modal, no crash
         await pilot.pause()
         assert isinstance(app.screen, ErrorModal) and "not a headedit run folder" in str(app.errors[-1])
+        await pilot.press("enter")
+        screen_json = json.loads((selected / "screen.json").read_text())
+        screen_json["delta"][0][1] = "x"  # parses, but not what discovery writes
+        (selected / "screen.json").write_text(json.dumps(screen_json))
+        app.open_run(selected)
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorModal) and "screen.json" in app.screen.message + (app.screen.hint or "")
+        (selected / "selection.json").write_text("{not json")
+        await pilot.press("enter")
+        app.open_run(selected)
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorModal) and "selection.json is corrupt" in str(app.errors[-1])
+        await pilot.press("enter")
+        assert app.screen is setup

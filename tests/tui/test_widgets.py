@@ -10,8 +10,8 @@ from textual.app import App, ComposeResult
 from headedit.events import HeadScored, Log, StageFinished, StageProgress, StageStarted
 from headedit.model.heads import Head
 from headedit.tui.messages import PipelineEvent, reporter_for
-from headedit.tui.widgets.candidates import CandidateTable
-from headedit.tui.widgets.heatmap import HeadHeatmap, delta_color
+from headedit.tui.widgets.candidates import HAND_MARK, SEARCH_MARK, CandidateTable
+from headedit.tui.widgets.heatmap import HeadHeatmap
 from headedit.tui.widgets.progress import StageProgressPanel
 
 pytestmark = pytest.mark.anyio
@@ -107,14 +107,6 @@ async def test_heatmap_grows_and_loads_table() -> None:
         assert heatmap.scores == {Head(0, 0): 1.0, Head(1, 0): -2.0, Head(1, 1): 0.0}
 
 
-def test_delta_color_sign_and_scale() -> None:
-    good, bad, zero = delta_color(5, 10), delta_color(-5, 10), delta_color(0, 10)
-    assert good.triplet.green > good.triplet.red
-    assert bad.triplet.red > bad.triplet.green
-    assert zero.triplet == (58, 58, 58)
-    assert delta_color(10, 10).triplet.green > good.triplet.green
-
-
 def test_eta_from_rate() -> None:
     panel = StageProgressPanel()
     times = iter([0.0, 10.0, 10.0])
@@ -143,13 +135,13 @@ async def test_candidate_table_sorts_by_value() -> None:
         ]
         table.load_trace(trace, chosen="0.1,0.3")
         assert table.ordered_heads == ["0.1,0.3", "0.1,0.3,1.2", "0.1"]  # by gain, best first
-        assert table.get_cell("0.1,0.3", "note") == "★ search"
+        assert table.get_cell("0.1,0.3", "note") == SEARCH_MARK
         table.focus()
         await pilot.press("s")  # size
         assert table.ordered_heads == ["0.1,0.3,1.2", "0.1,0.3", "0.1"]
         await pilot.press("r")
         assert table.ordered_heads == ["0.1", "0.1,0.3", "0.1,0.3,1.2"]
-        table.add_set("1.0", 1, None, None, note="hand-made")
+        table.add_set("1.0", 1, None, None, note=HAND_MARK)
         await pilot.press("s")  # acc, descending, unevaluated last
         assert table.ordered_heads[-1] == "1.0"
         assert table.ordered_heads[0] == "0.1,0.3"
@@ -171,7 +163,8 @@ async def test_heatmap_of_a_large_model_fits_80_columns_and_follows_the_cursor()
         box = app.query_one("#box")
         assert heatmap.size.width <= 80 and heatmap._cell_width() >= 4
         lines = str(heatmap.render()).splitlines()
-        assert len(lines) == 36 + 2 and all(len(line) <= heatmap.size.width for line in lines[:-1])
+        # header, 36 layers, the two legend lines, the cursor line
+        assert len(lines) == 1 + 36 + 2 + 1 and all(len(line) <= heatmap.size.width for line in lines[:-1])
         heatmap.focus()
         await pilot.press(*["down"] * 30)
         await pilot.pause()

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Label, Static
 
 from headedit.events import Log
@@ -35,9 +35,11 @@ def _p(x: Any) -> str:
 
 def results_table(validation: dict[str, Any]) -> Table:
     """Task, intact, edited, gain, relative error reduction, n, 95% CI, McNemar p: target then side tasks."""
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, padding=(0, 1))
+    # one space of padding plus the separator between columns: 8 columns fit 78 cells with a 16-character task
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
     for name, justify in (("task", "left"), ("intact", "right"), ("edited", "right"), ("gain", "right"),
                           ("RER", "right"), ("n", "right"), ("95% CI", "right"), ("p", "right")):
+        # numbers never wrap; the task column has the rest of the width (side tasks fit 80 columns)
         table.add_column(name, justify=justify, no_wrap=name != "task")
     rows = [dict(validation, role="target")] + [dict(s, role="side") for s in validation.get("side_tasks", [])]
     for row in rows:
@@ -46,12 +48,12 @@ def results_table(validation: dict[str, Any]) -> Table:
         rer = row.get("relative_error_reduction")
         style = "green" if (gain or 0) > 0 else ("red" if (gain or 0) < 0 else "")
         table.add_row(
-            row.get("task", "?") + ("" if row["role"] == "target" else " (side)"),
+            ("" if row["role"] == "target" else "side: ") + str(row.get("task", "?")),
             _pct(row.get("intact_acc")), _pct(row.get("edited_acc")),
             Text("—" if gain is None else f"{gain:+.1f}", style=style),
             "—" if rer is None else f"{100 * rer:.0f}%",
             str(row.get("n", "—")),
-            "—" if not ci else f"[{ci[0]:.1f}, {ci[1]:.1f}]",
+            "—" if not ci else f"[{ci[0]:+.1f},{ci[1]:+.1f}]",
             _p(row.get("mcnemar_p")),
         )
     return table
@@ -59,7 +61,7 @@ def results_table(validation: dict[str, Any]) -> Table:
 
 def record_choice(run_dir: Path, heads: str, reporter: Any) -> None:
     """Make `heads` the run's selection; the library keeps the search's own choice on record."""
-    from headedit.pipeline import stages as pipeline
+    from headedit import pipeline
 
     pipeline.select(run_dir, heads, reporter=reporter)
 
@@ -78,6 +80,8 @@ class BakeValidateScreen(StepScreen):
         self.start = start
         self.validation: dict[str, Any] | None = None
         self.running = False
+        existing = self.run_dir / "validation.json"  # read here: a corrupt file is a modal, not a crash
+        self.existing: dict[str, Any] | None = read_json(existing) if existing.is_file() else None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -91,20 +95,30 @@ class BakeValidateScreen(StepScreen):
 
     def on_mount(self) -> None:
         self.sub_title = f"bake & validate · {self.run_dir.name}"
-        existing = self.run_dir / "validation.json"
-        if existing.is_file() and (self.heads is None or read_json(existing).get("heads") == self.heads):
-            self.show(read_json(existing))
+        if self.existing is not None and (self.heads is None or self.existing.get("heads") == self.heads):
+            self.show(self.existing)
         elif self.start:
             self.status(f"baking {self.heads} and validating on the held-out split…")
-            self.running = True
+            self.set_running(True)
             self.run_validation(self.heads)
+
+    def set_running(self, running: bool) -> None:
+        self.running = running
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel":
+            return self.running
+        if action == "publish":
+            return self.validation is not None and not self.running
+        return True
 
     def status(self, text: str) -> None:
         self.query_one("#bake-status", Static).update(text)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="validate", name="validate")
     def run_validation(self, heads: str | None) -> dict[str, Any]:
-        from headedit.pipeline import stages as pipeline
+        from headedit import pipeline
 
         if heads is not None:
             record_choice(self.run_dir, heads, self.reporter)
@@ -112,11 +126,11 @@ class BakeValidateScreen(StepScreen):
 
     def worker_done(self, name: str, result: Any) -> None:
         if name == "validate":
-            self.running = False
+            self.set_running(False)
             self.show(result)
 
     def worker_failed(self, name: str, error: BaseException | None) -> None:
-        self.running = False
+        self.set_running(False)
         self.status("validation stopped" + (" (cancelled)" if error is None or self.cancel_event.is_set() else ""))
         if error is not None and not self.cancel_event.is_set():
             super().worker_failed(name, error)
@@ -130,6 +144,7 @@ class BakeValidateScreen(StepScreen):
         verdict.update(("✔ " if validation.get("passed") else "✘ ") + str(validation.get("verdict", "")))
         verdict.set_class(bool(validation.get("passed")), "passed")
         verdict.set_class(not validation.get("passed"), "failed")
+        self.refresh_bindings()
 
     @on(PipelineEvent)
     def pipeline_event(self, message: PipelineEvent) -> None:

@@ -15,17 +15,19 @@ from headedit.errors import HeadeditError
 from headedit.model.heads import HeadLayout, format_heads, parse_heads
 
 from headedit.tui.messages import PipelineEvent
-from headedit.tui.widgets.candidates import CandidateTable
+from headedit.tui.widgets.candidates import HAND_MARK, LEGEND, SEARCH_MARK, CandidateTable
+from headedit.tui.widgets.head_input import HeadSetInput
 from headedit.tui.widgets.heatmap import HeadHeatmap
 from headedit.tui.screens.base import StepScreen
-from headedit.tui.screens.discovery import read_json
+from headedit.tui.screens.discovery import delta_table, read_json, read_optional
 
 
 class CandidatesScreen(StepScreen):
+    # one-letter keys work while the head-set box has focus: HeadSetInput types only head-set characters
     BINDINGS = [
         Binding("a", "accept", "Search's choice"),
-        Binding("e", "evaluate", "Evaluate set"),
-        Binding("b", "bake", "Bake & validate"),
+        Binding("e", "evaluate", "Evaluate"),
+        Binding("b", "bake", "Bake"),
         Binding("escape", "back", "Back"),
     ]
 
@@ -33,14 +35,16 @@ class CandidatesScreen(StepScreen):
         super().__init__()
         self.run_dir = Path(run_dir)
         self.compare = compare
-        screen = read_json(self.run_dir / "screen.json") if (self.run_dir / "screen.json").is_file() else {}
-        search = read_json(self.run_dir / "search.json") if (self.run_dir / "search.json").is_file() else {}
+        screen = read_optional(self.run_dir / "screen.json")
+        search = read_optional(self.run_dir / "search.json")
         selection = read_json(self.run_dir / "selection.json")
-        self.delta = screen.get("delta", [])
-        self.trace = search.get("trace", [])
+        self.delta = delta_table(screen)
+        self.trace = [dict(entry, heads=str(entry["heads"])) for entry in search.get("trace", [])]
         # the search's own choice (a hand-made selection keeps it under search_heads)
         self.chosen: str = selection.get("search_heads", selection.get("heads", "")) or ""
         self.intact_acc: float | None = selection.get("intact_acc", screen.get("intact_acc"))
+        full_n = selection.get("n", screen.get("n"))  # the discovery split's size: rows without their own n
+        self.full_n: int | None = int(full_n) if isinstance(full_n, (int, float)) else None
         self.num_layers = int(screen.get("num_layers") or len(self.delta))
         self.num_heads = int(screen.get("num_heads") or max((len(r) for r in self.delta), default=0))
         self.current: str = selection.get("heads", "") or ""
@@ -51,9 +55,10 @@ class CandidatesScreen(StepScreen):
             with Vertical(id="candidates-left"):
                 yield Label("Search trace (s sorts, enter takes a row)", classes="section")
                 yield CandidateTable(id="trace")
+                yield Static(LEGEND, id="trace-legend", markup=False)
                 with Horizontal(classes="field"):
                     yield Label("Head set", classes="field-label")
-                    yield Input(self.current, id="set", compact=True, placeholder="e.g. 0.1,1.2 (empty = intact)")
+                    yield HeadSetInput(self.current, id="set", placeholder="e.g. 0.1,1.2 (empty = intact)")
                 yield Static("", id="set-error", classes="field-error", markup=False)
                 yield Static("", id="set-summary", markup=False)
             with VerticalScroll(id="heatmap-box"):
@@ -66,7 +71,7 @@ class CandidatesScreen(StepScreen):
         heatmap = self.query_one(HeadHeatmap)
         heatmap.load_table(self.delta)
         table = self.query_one(CandidateTable)
-        table.load_trace(self.trace, chosen=self.chosen)
+        table.load_trace(self.trace, chosen=self.chosen, full_n=self.full_n)
         if self.compare:
             self.query_one("#set", Input).value = self.compare
             self.use_set(self.compare)
@@ -95,8 +100,8 @@ class CandidatesScreen(StepScreen):
     def _layout(self) -> Any:
         """Bounds for head text: the run's grid (layers × heads) is all parse_heads needs to range-check."""
         if self.num_layers and self.num_heads:
-            return HeadLayout("llama", "this model", self.num_layers, self.num_heads, self.num_heads, 1,
-                              self.num_heads, "model.layers.{layer}.self_attn.o_proj")
+            return HeadLayout.uniform("llama", "this model", self.num_layers, self.num_heads, self.num_heads, 1,
+                                      self.num_heads)
         return None
 
     def update_summary(self) -> None:
@@ -104,10 +109,12 @@ class CandidatesScreen(StepScreen):
         label = "search's choice" if self.current == self.chosen else "hand-made"
         numbers = ""
         if row and row.get("acc") is not None:
-            numbers = f" · disc. acc {row['acc']:.3f} · gain {row['gain']:+.1f} pts"
+            gain = "" if row.get("gain") is None else f", {row['gain']:+.1f} pts"
+            n = "" if row.get("n") is None else f", n {row['n']}"
+            numbers = f": acc {row['acc']:.3f}{gain}{n}"
         elif self.current != self.chosen:
-            numbers = " · not evaluated (e)"
-        self.query_one("#set-summary", Static).update(f"current: {self.current or '(intact)'} ({label}){numbers}")
+            numbers = ": not evaluated (e)"
+        self.query_one("#set-summary", Static).update(f"{self.current or '(intact)'} ({label}){numbers}")
 
     @on(DataTable.RowSelected, "#trace")
     def row_selected(self, event: DataTable.RowSelected) -> None:
@@ -154,8 +161,8 @@ class CandidatesScreen(StepScreen):
             gain = None if self.intact_acc is None else (acc - self.intact_acc) * 100
             size = len(parse_heads(heads)) if heads else 0
             table = self.query_one(CandidateTable)
-            note = "★ search" if heads == self.chosen else "hand-made"
-            table.add_set(heads, size, acc, gain, note=note)
+            note = SEARCH_MARK if heads == self.chosen else HAND_MARK
+            table.add_set(heads, size, acc, gain, note=note, n=self.full_n)
             self.update_summary()
 
     @on(PipelineEvent)

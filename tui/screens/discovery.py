@@ -1,7 +1,9 @@
 """Discovery: live stage progress, the layer×head heatmap filling in, the journal as a log, and Cancel.
 
-The work is `headedit.pipeline.stages.discover` in a thread worker; Cancel sets the threading.Event it polls, so
-the run stops at its next checkpoint with every finished evaluation in the journal (resumable).
+The work is `headedit.pipeline.discover` in a thread worker; Cancel sets the threading.Event it polls, so
+the run stops at its next checkpoint with every finished evaluation in the journal (resumable). A reopened
+run shows what its files hold; they are read in `__init__`, so a corrupt file is an error modal before the
+screen is pushed, never a crash.
 """
 from __future__ import annotations
 
@@ -21,11 +23,34 @@ from headedit.tui.widgets.heatmap import HeadHeatmap
 from headedit.tui.widgets.progress import StageProgressPanel
 from headedit.tui.screens.base import StepScreen
 
+STATUS = {
+    "idle": "not finished; r resumes",
+    "running": "running… c cancels (the run stays resumable)",
+    "cancelling": "cancelling at the next checkpoint…",
+    "cancelled": "cancelled, finished evaluations kept; r resumes",
+    "done": "done; enter opens the candidates",
+    "failed": "stopped by an error; r resumes",
+}
+
 
 def read_json(path: Path) -> Any:
     from headedit.runs import read_json as _read
 
     return _read(path)
+
+
+def read_optional(path: Path) -> dict[str, Any]:
+    """A run file's JSON object, or {} when the stage has not written it yet."""
+    data = read_json(path) if path.is_file() else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} holds {type(data).__name__}, not an object")
+    return data
+
+
+def delta_table(screen: dict[str, Any]) -> list[list[float | None]]:
+    """`screen.json`'s [layer][head] points as floats (None: not scored); raises ValueError/TypeError on
+    anything else, while the screen is being built."""
+    return [[None if v is None else float(v) for v in row] for row in screen.get("delta") or []]
 
 
 class DiscoveryScreen(StepScreen):
@@ -44,9 +69,13 @@ class DiscoveryScreen(StepScreen):
         self.grid_shape = layout
         self.resume = resume
         self.start = start
-        self.state = "idle"  # idle | running | cancelling | cancelled | done | failed
         self.events_seen = 0
         self.selected = ""
+        self.screen_table = read_optional(self.run_dir / "screen.json")
+        self.search = read_optional(self.run_dir / "search.json")
+        self.selection = read_optional(self.run_dir / "selection.json")
+        self.delta = delta_table(self.screen_table)
+        self.state = "done" if self.selection else "idle"  # idle | running | cancelling | cancelled | done | failed
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -55,7 +84,7 @@ class DiscoveryScreen(StepScreen):
                 yield Static("", id="run-status", markup=False)
                 yield StageProgressPanel("waiting for the first stage…", id="stages")
                 yield Label("Journal", classes="section")
-                yield RichLog(id="journal", max_lines=500, wrap=False, markup=False, auto_scroll=True)
+                yield RichLog(id="journal", max_lines=500, wrap=True, min_width=1, markup=False, auto_scroll=True)
             with VerticalScroll(id="heatmap-box"):
                 yield Label("Δ accuracy per head (pts)", classes="section")
                 yield HeadHeatmap(*self.grid_shape, id="heatmap")
@@ -63,23 +92,31 @@ class DiscoveryScreen(StepScreen):
 
     def on_mount(self) -> None:
         self.sub_title = f"discovery · {self.run_dir.name}"
-        self.load_existing()
+        self.show_existing()
         if self.start:
             self.start_discovery(resume=self.resume)
         else:
-            self.set_state(self.state if self.state != "idle" else "idle")
+            self.query_one(StageProgressPanel).placeholder = (
+                "every stage finished (summary below)" if self.state == "done" else "r resumes the unfinished stages")
+            self.set_state(self.state)
 
     # ---- state ------------------------------------------------------------------------------
-    def load_existing(self) -> None:
-        """A reopened run shows what its files already hold."""
-        screen_file = self.run_dir / "screen.json"
-        if screen_file.is_file():
-            table = read_json(screen_file)
-            self.query_one(HeadHeatmap).load_table(table.get("delta", []))
-        selection_file = self.run_dir / "selection.json"
-        if selection_file.is_file():
-            self.show_selection(read_json(selection_file))
-            self.state = "done"
+    def show_existing(self) -> None:
+        """A reopened run shows what its files already hold: the heatmap, the selection, a summary."""
+        if self.delta:
+            self.query_one(HeadHeatmap).load_table(self.delta)
+        if not self.selection:
+            return
+        self.show_selection(self.selection)
+        log = self.query_one("#journal", RichLog)
+        screen, search = self.screen_table, self.search
+        if screen:
+            log.write(f"screen ({screen.get('method', '?')}): {screen.get('evaluations', '?')} heads, "
+                      f"n {screen.get('n', '?')}, intact acc {float(screen.get('intact_acc', 0)):.3f}")
+        if search:
+            log.write(f"search: {search.get('evaluations', len(search.get('trace', [])))} sets tried")
+        gain = self.selection.get("gain_points")
+        log.write(f"selected {self.selected or '(none)'}" + ("" if gain is None else f": {float(gain):+.1f} pts"))
 
     def show_selection(self, selection: dict[str, Any]) -> None:
         from headedit.model.heads import parse_heads
@@ -89,15 +126,17 @@ class DiscoveryScreen(StepScreen):
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state = state
-        text = {
-            "idle": "ready",
-            "running": "running… (c cancels; the run stays resumable)",
-            "cancelling": "cancelling at the next checkpoint…",
-            "cancelled": "cancelled: every finished evaluation is kept; r resumes",
-            "done": "done: enter opens the candidates",
-            "failed": "stopped by an error; r resumes",
-        }[state]
-        self.query_one("#run-status", Static).update(f"run {self.run_dir.name}: {text}{detail}")
+        self.query_one("#run-status", Static).update(f"{STATUS[state]}{detail}")
+        self.refresh_bindings()  # the footer offers only what this state allows
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel":
+            return self.state == "running"
+        if action == "resume":
+            return self.state in ("idle", "cancelled", "failed")
+        if action == "candidates":
+            return self.state == "done"
+        return True
 
     # ---- work -------------------------------------------------------------------------------
     def start_discovery(self, resume: bool) -> None:
@@ -107,7 +146,7 @@ class DiscoveryScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="discover", name="discover")
     def run_discover(self, resume: bool) -> Path:
-        from headedit.pipeline.stages import discover
+        from headedit.pipeline import discover
 
         if resume:
             return discover(None, run_dir=self.run_dir, resume=True, reporter=self.reporter, cancel=self.cancel_event)
@@ -121,7 +160,8 @@ class DiscoveryScreen(StepScreen):
         if self.cancel_event.is_set() or not selection_file.is_file():
             self.set_state("cancelled")
             return
-        self.show_selection(read_json(selection_file))
+        self.selection = read_json(selection_file)
+        self.show_selection(self.selection)
         self.set_state("done", f" · selected {self.selected or '(none)'}")
         self.app.run_finished(self.run_dir)  # type: ignore[attr-defined]
 

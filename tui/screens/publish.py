@@ -63,12 +63,18 @@ class PublishScreen(StepScreen):
             self.status(f"export {self.export_dir.name} ready")
             self.schedule_preview(now=True)
         elif self.start:
-            self.status("baking the export (checkpoint, card, record)…")
             self.busy = True
+            self.status("baking the export (checkpoint, card, record)…")
             self.make_export()
 
     def status(self, text: str) -> None:
         self.query_one("#publish-status", Static).update(text)
+        self.refresh_bindings()  # push is offered only once the export is ready and nothing is running
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "push":
+            return None if self.busy or self.export_dir is None else True  # None: shown, greyed out
+        return True
 
     # ---- export and preview -----------------------------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="export", name="export")
@@ -161,12 +167,18 @@ class PublishScreen(StepScreen):
             self.status(f"export {self.export_dir.name} ready · ctrl+p pushes")
             self.schedule_preview(now=True)
         elif name == "preview":
-            self.query_one("#card", Markdown).update(result)
+            self.call_later(self.show_card, result)
         elif name == "push":
             self.busy = False
             self.url = str(result)
             self.status(f"pushed: {self.url}")
             self.app.published(self.url)  # type: ignore[attr-defined]
+
+    async def show_card(self, text: str) -> None:
+        """Replace the preview; the box is re-laid out once the new blocks are mounted (else it stays 0 high)."""
+        card = self.query_one("#card", Markdown)
+        await card.update(text)
+        card.refresh(layout=True)
 
     def worker_failed(self, name: str, error: BaseException | None) -> None:
         self.busy = False

@@ -14,6 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.timer import Timer
 from textual.widgets import Button, Footer, Header, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
+from rich.text import Text
 
 from headedit.errors import HeadeditError
 from headedit.model.heads import HeadLayout, parse_heads
@@ -26,8 +27,8 @@ INSPECT_DELAY = 0.4  # seconds of quiet typing before the model is inspected
 
 
 def layout_from_info(info: dict[str, Any]) -> HeadLayout:
-    return HeadLayout(info["model_type"], info["architecture"], info["num_layers"], info["num_heads"],
-                      info["num_kv_heads"], info["head_dim"], info["hidden_size"], info["o_proj"])
+    """The model's heads from `inspect_model`'s dict (per layer when the model has them), for range checks."""
+    return HeadLayout.from_dict(info)
 
 
 def describe_layout(info: dict[str, Any]) -> str:
@@ -44,9 +45,10 @@ class SetupScreen(StepScreen):
         Binding("f2", "focus_recipes", "Recipes"),
     ]
 
-    def __init__(self, runs_root: Path, recipe_dirs: list[Path] | None = None) -> None:
+    def __init__(self, runs_root: Path, recipe_dirs: list[Path] | None = None, recipe: Path | None = None) -> None:
         super().__init__()
         self.runs_root = runs_root
+        self.initial_recipe = recipe  # `headedit tui RECIPE`: filled in once the form exists
         self.recipe_paths = form.list_recipes(recipe_dirs)
         self.base_recipe: Any | None = None
         self.layout_info: dict[str, Any] | None = None
@@ -89,6 +91,8 @@ class SetupScreen(StepScreen):
         self.sub_title = "setup"
         self.refresh_runs()
         self.query_one("#recipes", OptionList).focus()
+        if self.initial_recipe is not None:
+            self.load_recipe_file(self.initial_recipe)
         self.call_after_refresh(setattr, self, "ready", True)
 
     # ---- recipes and runs -----------------------------------------------------------------
@@ -96,7 +100,11 @@ class SetupScreen(StepScreen):
         self.runs = form.list_runs(self.runs_root)
         runs = self.query_one("#runs", OptionList)
         runs.clear_options()
-        runs.add_options([Option(f"{p.name} [{stage}]", id=str(i)) for i, (p, stage) in enumerate(self.runs)])
+        # two lines each, so a long run name and its stage are never cut at 80 columns
+        runs.add_options([Option(Text.assemble(p.name, "\n", (f"  {stage}", "dim")), id=str(i))
+                          for i, (p, stage) in enumerate(self.runs)])
+        if self.runs:
+            runs.highlighted = 0  # the newest run: Enter opens it without moving first
 
     @on(OptionList.OptionSelected, "#recipes")
     def recipe_chosen(self, event: OptionList.OptionSelected) -> None:
@@ -107,11 +115,17 @@ class SetupScreen(StepScreen):
         self.app.open_run(self.runs[int(event.option.id or 0)][0])  # type: ignore[attr-defined]
 
     def action_open_run(self) -> None:
+        """Ctrl+O: go to the recent runs with the newest highlighted (Enter or Ctrl+O again opens it)."""
         runs = self.query_one("#runs", OptionList)
-        if runs.highlighted is not None and self.runs:
+        if not self.runs:
+            self.notify(f"no runs under {self.runs_root} yet", timeout=3)
+            return
+        if runs.has_focus and runs.highlighted is not None:
             self.app.open_run(self.runs[runs.highlighted][0])  # type: ignore[attr-defined]
-        else:
-            runs.focus()
+            return
+        if runs.highlighted is None:
+            runs.highlighted = 0
+        runs.focus()
 
     def action_focus_recipes(self) -> None:
         self.query_one("#recipes", OptionList).focus()

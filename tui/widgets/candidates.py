@@ -1,14 +1,19 @@
-"""The search trace as a sortable table: head set, size, discovery accuracy, gain."""
+"""The search trace as a sortable table: head set, size, discovery accuracy, gain, and n, the examples each
+row was scored on (the search's pruning stops hopeless sets after 32, 64, ... examples; their n is smaller
+and dimmed, so a 64-row score is never mistaken for a full-split one)."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-COLUMNS = (("heads", "head set"), ("size", "size"), ("acc", "disc. acc"), ("gain", "gain (pts)"), ("note", ""))
-SORT_KEYS = ("gain", "size", "acc", "heads")
+COLUMNS = (("heads", "heads"), ("size", "size"), ("acc", "acc"), ("gain", "gain"), ("n", "n"), ("note", ""))
+SORT_KEYS = ("gain", "size", "acc", "n", "heads")
+SEARCH_MARK, HAND_MARK = "★", "✎"  # the search's choice; a set made and evaluated by hand
+LEGEND = f"{SEARCH_MARK} search  {HAND_MARK} hand-made  dim n: pruned"
 
 
 class CandidateTable(DataTable):
@@ -24,35 +29,43 @@ class CandidateTable(DataTable):
         self.sort_index = 0
         self.sort_reverse = True
         self.chosen: str | None = None
+        self.full_n: int | None = None
         self.rows_data: dict[str, dict[str, Any]] = {}
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
             self.add_column(label, key=key)
 
-    def load_trace(self, trace: Iterable[dict[str, Any]], chosen: str | None = None) -> None:
-        """Fill from `search.json`'s trace; `chosen` (selection.json's heads) is marked."""
+    def load_trace(self, trace: Iterable[dict[str, Any]], chosen: str | None = None,
+                   full_n: int | None = None) -> None:
+        """Fill from `search.json`'s trace; `chosen` (selection.json's heads) is marked; a row without its own
+        `n` was scored on the whole discovery split, `full_n` examples."""
         self.clear()
         self.rows_data.clear()
         self.chosen = chosen
+        self.full_n = full_n
         for entry in trace:
-            self.add_set(entry["heads"], int(entry.get("size", 0)), entry.get("acc"), entry.get("gain"))
+            self.add_set(entry["heads"], int(entry.get("size", 0)), entry.get("acc"), entry.get("gain"),
+                         n=entry.get("n", full_n))
         self._apply_sort()
 
-    def add_set(self, heads: str, size: int, acc: float | None, gain: float | None, note: str = "") -> None:
-        """Add (or update) one head set's row."""
+    def add_set(self, heads: str, size: int, acc: float | None, gain: float | None, note: str = "",
+                n: int | None = None) -> None:
+        """Add (or update) one head set's row; `n` is the number of examples it was scored on."""
         if heads == self.chosen and not note:
-            note = "★ search"
-        row = {"heads": heads, "size": size, "acc": acc, "gain": gain, "note": note}
+            note = SEARCH_MARK
+        row = {"heads": heads, "size": size, "acc": acc, "gain": gain, "n": n, "note": note}
+        partial = n is not None and self.full_n is not None and n < self.full_n
         cells = (
             heads or "(intact)",
             str(size),
             "—" if acc is None else f"{acc:.3f}",
             Text("—" if gain is None else f"{gain:+.1f}", style="green" if (gain or 0) > 0 else ""),
+            Text("—" if n is None else str(n), style="dim" if partial else ""),
             note,
         )
         if heads in self.rows_data:
-            for (key, _), value in zip(COLUMNS, cells):
+            for (key, _), value in zip(COLUMNS, cells, strict=True):
                 self.update_cell(heads, key, value)
         else:
             self.add_row(*cells, key=heads)
@@ -63,8 +76,9 @@ class CandidateTable(DataTable):
         return SORT_KEYS[self.sort_index]
 
     def _apply_sort(self) -> None:
-        """Order rows by the sort column's raw value (not its rendered text); ties keep size order."""
-        key, data = self.sort_key, self.rows_data
+        """Order rows by the sort column's raw value (not its rendered text); ties keep size order. By gain or
+        accuracy, rows scored on fewer examples than the split come after the full ones, as the search ranks them."""
+        key, data, full_n = self.sort_key, self.rows_data, self.full_n
 
         def value(label: object) -> tuple:
             row = data.get("" if str(label) == "(intact)" else str(label), {})
@@ -72,8 +86,10 @@ class CandidateTable(DataTable):
             if key == "heads":
                 return (str(v or ""),)
             missing = v is None
+            n = row.get("n")
+            partial = key in ("gain", "acc") and n is not None and full_n is not None and n < full_n
             sign = -1 if self.sort_reverse else 1
-            return (missing, sign * (0.0 if missing else float(v)), row.get("size", 0))
+            return (missing, partial, sign * (0.0 if missing else float(v)), row.get("size", 0))
 
         self.sort("heads", key=value)
 

@@ -1,13 +1,14 @@
 """Layer x head heatmap: fills in cell by cell as `HeadScored` events arrive.
 
-Colour is the change in discovery accuracy (green helps, red hurts, scaled to the largest |delta| seen);
-selected heads carry a mark; the line under the grid shows the numbers of the cell under the cursor.
+Colour is the change in discovery accuracy on the scale the CLI and the PNG share (`headedit.colors`: green
+= ablating helps, red = hurts, stepped and symmetric around 0 on ±the largest |delta| seen), explained by a
+legend under the grid; selected heads carry a mark; the last line shows the numbers of the cell under the cursor.
 When `editable`, space/enter toggles the cursor's head, so a hand-made set can be built on the grid.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich.color import Color
 from rich.style import Style
@@ -19,25 +20,17 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from headedit.colors import delta_rgb, ink_rgb, legend_stops, scale_max
 from headedit.model.heads import Head, format_heads
 
 LABEL_WIDTH = 5  # "L12 " + gap
-NEUTRAL = (58, 58, 58)
-GOOD = (46, 160, 67)
-BAD = (200, 55, 45)
+LEGEND_LINES = 2  # the colour bar and what its ends mean
 
 
-def _blend(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> Color:
-    t = max(0.0, min(1.0, t))
-    return Color.from_rgb(*(round(x + (y - x) * t) for x, y in zip(a, b)))
-
-
-def delta_color(delta: float, scale: float) -> Color:
-    """Green for gains, red for losses, grey near zero; intensity relative to `scale` (largest |delta|)."""
-    if not math.isfinite(delta) or scale <= 0:
-        return Color.from_rgb(*NEUTRAL)
-    t = math.sqrt(min(1.0, abs(delta) / scale))  # sqrt keeps small effects visible next to one huge one
-    return _blend(NEUTRAL, GOOD if delta > 0 else BAD, t)
+def cell_style(delta: float, vmax: float, bold: bool = False) -> Style:
+    """A scored cell: the shared scale's colour behind, black or white ink on it."""
+    bg = delta_rgb(delta, vmax)
+    return Style(bgcolor=Color.from_rgb(*bg), color=Color.from_rgb(*ink_rgb(bg)), bold=bold)
 
 
 class HeadHeatmap(Widget, can_focus=True):
@@ -48,7 +41,7 @@ class HeadHeatmap(Widget, can_focus=True):
         Binding("down", "move(1, 0)", "Down", show=False),
         Binding("left", "move(0, -1)", "Left", show=False),
         Binding("right", "move(0, 1)", "Right", show=False),
-        Binding("space", "toggle", "Toggle head", show=True),
+        Binding("space", "toggle", "Toggle", show=True),
     ]
 
     DEFAULT_CSS = """
@@ -130,7 +123,8 @@ class HeadHeatmap(Widget, can_focus=True):
 
     @property
     def scale(self) -> float:
-        return max((abs(v) for v in self.scores.values() if math.isfinite(v)), default=0.0)
+        """±points the colours span: the largest |delta| so far (at least `headedit.colors.MIN_VMAX`)."""
+        return scale_max(self.scores.values())
 
     # ---- geometry ---------------------------------------------------------------------------
     def _cell_width(self, width: int | None = None) -> int:
@@ -144,7 +138,7 @@ class HeadHeatmap(Widget, can_focus=True):
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         summary = max(1, -(-len(self.cursor_summary()) // max(width, 1)))  # the cursor line may wrap
-        return self.num_layers + 1 + summary  # header row + one row per layer + the cursor line
+        return self.num_layers + 1 + LEGEND_LINES + summary  # header, one row per layer, legend, cursor line
 
     # ---- rendering --------------------------------------------------------------------------
     def render(self) -> Text:
@@ -170,14 +164,31 @@ class HeadHeatmap(Widget, can_focus=True):
                 if value is None:
                     style = Style(color="grey50")
                 else:
-                    style = Style(bgcolor=delta_color(value, scale), color="white", bold=key in self.selected)
+                    style = cell_style(value, scale, bold=key in self.selected)
                 if key == cur and (focused or self.editable):
                     text = ("[" + mark + "]").center(cw) if cw >= 3 else text
                     style = style + Style(reverse=True)
                 out.append(text, style=style)
             out.append("\n")
+        out.append_text(self.legend(scale))
         out.append(self.cursor_summary(), style="bold" if focused else "")
         return out
+
+    def legend(self, vmax: float) -> Text:
+        """Two lines, each cut to the widget's width: every colour step from -vmax to +vmax points, then what
+        the colours mean (LEGEND_LINES; the height computation counts on neither wrapping)."""
+        stops = legend_stops(vmax)
+        width = max(self.size.width, 1)
+        low, high = f"{-vmax:+.0f}", f"{vmax:+.0f} pts"
+        swatch = 2 if len(low) + len(high) + 2 + 2 * len(stops) <= width else 1
+        bar = Text(low + " ", style="dim")
+        for _, _, rgb in stops:
+            bar.append(" " * swatch, style=Style(bgcolor=Color.from_rgb(*rgb)))
+        bar.append(" " + high, style="dim")
+        meaning = Text("red hurts · green helps", style="dim")
+        for line in (bar, meaning):
+            line.truncate(width)
+        return Text("\n").join([bar, meaning]) + "\n"
 
     def cursor_summary(self) -> str:
         """The numbers of the head under the cursor, as one line."""
@@ -211,7 +222,8 @@ class HeadHeatmap(Widget, can_focus=True):
         if not self.num_layers or not self.num_heads:
             return
         layer, head = self.cursor
-        self.cursor = (min(max(layer + d_layer, 0), self.num_layers - 1), min(max(head + d_head, 0), self.num_heads - 1))
+        self.cursor = (min(max(layer + d_layer, 0), self.num_layers - 1),
+                       min(max(head + d_head, 0), self.num_heads - 1))
 
     def action_toggle(self) -> None:
         if not self.editable or not self.num_layers:
