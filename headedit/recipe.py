@@ -26,6 +26,7 @@ SCREENS = ("single", "compressed", "gradient")
 SEARCHES = ("greedy", "exhaustive")
 DEMO_MODEL_ID = "headedit:demo"  # resolved by the CLI to the checkpoint committed in headedit/demo/model
 MAX_SIZE = 10_000_000  # sanity bound on any count; real limits come from the data and the model
+OBJECTIVES = ("accuracy", "margin", "logprob")  # headedit/discovery/objective.py defines them
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda|cuda:\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -61,7 +62,7 @@ class DiscoverySpec:
     max_heads: int = 6
     search: str = "greedy"
     beam: int = 2
-    min_gain: float = 0.1  # points of discovery accuracy a step must add to continue
+    min_gain: float = 0.0  # discovery-accuracy points a step must add over the current best; 0 = no floor
     exhaustive_size: int = 2  # exhaustive search: every subset of the candidates up to this size
     early_stop: bool = True
     early_stop_alpha: float = 0.01
@@ -82,6 +83,8 @@ class ValidationSpec:
     side_tasks: tuple[str, ...] = ()
     bootstrap: int = 10_000  # paired bootstrap resamples for the gain's interval
     alpha: float = 0.05  # 1 - confidence of the interval; also the McNemar threshold for "gain held"
+    objective: str = "margin"  # what screens, early stop and search rank and test by (docs/discovery.md)
+    alpha: float = 0.05  # a search step needs p < alpha / (sets it was chosen among); 1 = no test
 
 
 @dataclass(frozen=True)
@@ -411,5 +414,9 @@ def load_recipe(path: str | Path, *, check_tasks: bool = True) -> Recipe:
 
 __all__ = [
     "Recipe", "ModelSpec", "TaskSpec", "DiscoverySpec", "ValidationSpec", "ExportSpec", "RecipeError",
-    "load_recipe", "parse_recipe", "DTYPES", "SCREENS", "SEARCHES", "DEMO_MODEL_ID",
+    "load_recipe", "parse_recipe", "DTYPES", "SCREENS", "SEARCHES", "OBJECTIVES", "DEMO_MODEL_ID",
 ]
+        objective=_get(ctx, d, "objective", p, _choice(OBJECTIVES), "one of " + "|".join(OBJECTIVES), dd.objective,
+                       '"margin"'),
+        alpha=_get(ctx, d, "alpha", p, _float_range(0.0, 1.0, lo_open=True), "a probability in (0, 1]", dd.alpha,
+                   "0.05"),

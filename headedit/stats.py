@@ -147,3 +147,69 @@ def paired_summary(
         "ci95_points": [lo, hi],
         "mcnemar_p": mcnemar_exact(a, b),
     }
+
+
+# ---- discovery evidence: one-sided paired tests of "the candidate set beats the current best" -------------
+def sign_test_better(better: int, worse: int) -> float:
+    """One-sided exact p-value that an edit is better: P(X >= better) with X ~ Bin(better+worse, 1/2).
+
+    On 0/1 outcomes this is the one-sided exact McNemar test (better/worse = fixed/broken examples).
+    """
+    return binom_tail_at_least(better, better + worse)
+
+
+def paired_t_greater(diff: Sequence[float] | np.ndarray) -> float:
+    """One-sided paired t-test p-value that the mean of `diff` (candidate - reference, per example) is above 0.
+
+    Degenerate cases: fewer than two examples gives 1; zero spread gives P_FLOOR for a positive mean, else 1.
+    """
+    d = np.asarray(diff, dtype=np.float64).ravel()
+    n = d.size
+    if n < 2:
+        return 1.0
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if not sd > 0.0:
+        return P_FLOOR if mean > 0.0 else 1.0
+    t = mean / (sd / math.sqrt(n))
+    # scipy comes with scikit-learn; imported here to keep CLI start-up light
+    from scipy.special import stdtr
+
+    return float(min(1.0, max(float(stdtr(n - 1, -t)), P_FLOOR)))
+
+
+def sign_flip_greater(diff: Sequence[float] | np.ndarray, n_perm: int = 10_000, seed: int = 0) -> float:
+    """One-sided sign-flip permutation p-value that the mean of `diff` is above 0 (seeded Monte Carlo).
+
+    Under the null each per-example difference is symmetric about 0, so flipping signs at random gives the null
+    distribution of the mean; p = (1 + #{flipped mean >= observed}) / (1 + n_perm), never below 1/(1 + n_perm).
+    """
+    d = np.asarray(diff, dtype=np.float64).ravel()
+    if d.size == 0:
+        return 1.0
+    observed = float(d.mean())
+    rng = np.random.default_rng(seed)
+    hits, done = 0, 0
+    block = max(1, min(n_perm, 4_000_000 // d.size))  # flips per chunk, bounding memory at ~32 MB
+    while done < n_perm:
+        k = min(block, n_perm - done)
+        signs = rng.integers(0, 2, size=(k, d.size), dtype=np.int8) * 2 - 1  # [flip, example]
+        hits += int(np.count_nonzero(signs @ d / d.size >= observed - 1e-12 * abs(observed)))
+        done += k
+    return (1 + hits) / (1 + n_perm)
+
+
+def holm(pvalues: Sequence[float], alpha: float, family: int | None = None) -> list[bool]:
+    """Holm's step-down rejections at family-wise level `alpha`.
+
+    `family` is the number of hypotheses the p-values were drawn from (default: as many as given); hypotheses
+    that were never tested count as p = 1, which can only remove rejections, so the level still holds.
+    Its first step is Bonferroni: the smallest p must be below alpha / family.
+    """
+    m = max(len(pvalues), int(family or 0))
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] >= alpha / (m - rank):
+            break
+        out[i] = True
+    return out

@@ -50,7 +50,9 @@ def save_tiny_model(folder: Path, seed: int = 0, **overrides) -> Path:
 
 
 def recipe_text(model: Path, screen: str = "single", discovery: int = 192, heldout: int = 128, extra: str = "",
-                name: str = "tiny-coin", side: str = "") -> str:
+                name: str = "tiny-coin", side: str = "", objective: str = "accuracy", alpha: float = 1.0) -> str:
+    """A recipe for the tiny random model. No head matters for coin-test, so under the default evidence rule
+    nothing would be selected; pipeline tests that need a selection keep the old rule (accuracy, alpha = 1)."""
     return f"""name = "{name}"
 [model]
 id = "{model}"
@@ -68,6 +70,8 @@ candidates = 6
 max_heads = 3
 beam = 2
 min_gain = 0.5
+objective = "{objective}"
+alpha = {alpha}
 {extra}
 [validation]
 side_tasks = [{side}]

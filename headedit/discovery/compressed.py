@@ -1,7 +1,7 @@
 """Compressed-sensing screen: random multi-head knockouts plus a sparse linear fit.
 
-Each knockout set zeroes a few percent of all heads; a Lasso of the accuracy change on the
-knockout indicators recovers each head's effect from fewer evaluations than one per head when
+Each knockout set zeroes a few percent of all heads; a Lasso of the change in the discovery objective
+(accuracy in points, or a continuous objective's mean: far less noisy at small n) on the knockout indicators recovers each head's effect from fewer evaluations than one per head when
 few heads matter. Positive coefficients are CEL candidates; negative ones are heads the task needs.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 
 from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.model.heads import Head, HeadLayout, format_heads
+from headedit.discovery.objective import describe, scale, unit
 from headedit.discovery.scorer import Scorer
 from headedit.discovery.table import ScreenResult
 
@@ -54,19 +55,21 @@ def compressed_screen(
 
     sets = knockout_sets(layout, count, fraction, seed)
     reporter(StageStarted(STAGE, total=len(sets), description=f"compressed screen ({len(sets)} knockout sets)"))
-    (intact,) = scorer.ensure([()], stage=STAGE)
-    intact_acc = float(intact.mean()) if scorer.n else 0.0
+    scorer.ensure([()], stage=STAGE)
+    intact_acc = scorer.accuracy(())
+    intact_obj = scorer.mean(())
+    factor = scale(scorer.objective)
     chunk = scorer.sets_per_call
     for i in range(0, len(sets), chunk):
         scorer.ensure(sets[i: i + chunk], stage=STAGE)
         reporter(StageProgress(STAGE, min(i + chunk, len(sets)), len(sets)))
     index = {h: j for j, h in enumerate(layout.all_heads())}
     x = np.zeros((len(sets), len(index)))  # [set, head] knockout indicators
-    y = np.zeros(len(sets))  # [set] accuracy change in points
+    y = np.zeros(len(sets))  # [set] change of the mean objective, in its unit
     for row, hs in enumerate(sets):
         for h in hs:
             x[row, index[h]] = 1.0
-        y[row] = 100.0 * (scorer.accuracy(hs) - intact_acc)
+        y[row] = factor * (scorer.mean(hs) - intact_obj)
     folds = max(2, min(5, len(sets)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -80,14 +83,15 @@ def compressed_screen(
     q = knockout_size(len(index), fraction)
     rule = (
         f"{len(sets)} random knockout sets of {q} heads ({fraction:.1%} of {len(index)}), stratified so every head is "
-        f"in {int(coverage.min())}-{int(coverage.max())} sets (seed {seed}); LassoCV ({folds}-fold) of the discovery "
-        "accuracy change (points) on the knockout indicators; delta = coefficient = predicted change from zeroing "
-        "the head alone; positive = CEL candidate, negative = head the task needs"
+        f"in {int(coverage.min())}-{int(coverage.max())} sets (seed {seed}); LassoCV ({folds}-fold) of the change in "
+        f"the mean {describe(scorer.objective)} ({unit(scorer.objective)}) on the knockout indicators; delta = "
+        "coefficient = predicted change from zeroing the head alone; positive = CEL candidate, negative = head the "
+        "task needs"
     )
     result = ScreenResult(
         method="compressed", rule=rule, num_layers=layout.num_layers, num_heads=layout.num_heads,
-        intact_acc=intact_acc, delta=delta, evaluations=unique, unit="points (predicted)",
-        extra={"n": scorer.n, "sets": len(sets), "knockout_size": q, "lasso_alpha": float(fit.alpha_),
+        intact_acc=intact_acc, delta=delta, evaluations=unique, unit=f"{unit(scorer.objective)} (predicted)",
+        extra={"n": scorer.n, "objective": scorer.objective, "sets": len(sets), "knockout_size": q, "lasso_alpha": float(fit.alpha_),
                "intercept": float(fit.intercept_), "seed": seed,
                "example_evaluations": unique * scorer.n},
     )

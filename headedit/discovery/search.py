@@ -2,28 +2,45 @@
 
 Candidates are the k highest screen scores even when zero or negative, because a head that is
 harmless alone can be half of a helpful pair; `first_additions_all_heads` lets the first two
-additions draw from every head for the same reason. Every set goes through the journaled scorer,
-so re-trying a set is free and a resumed search replays to the same selection.
+additions draw from every head for the same reason. Sets are ranked by the scorer's objective
+(`headedit.discovery.objective`), and a step is accepted only on evidence (`headedit.discovery.evidence`):
+its best set must beat the current best set under a one-sided paired test at `alpha`, corrected for every
+set the step could have produced. When the first step fails, nothing is selected: "no set found" is a result,
+recorded with its reason. Every set goes through the journaled scorer, so re-trying a set is free and a
+resumed search replays to the same selection.
 
-Exact pruning (`prune`, on by default): the sets of one size are scored on doubling prefixes of the split
-(`prune_chunk`, 2x, 4x, ... examples). After the first look the `need` most promising sets are completed
+Exact pruning (`prune`, accuracy objective only): the sets of one size are scored on doubling prefixes of the
+split (`prune_chunk`, 2x, 4x, ... examples). After the first look the `need` most promising sets are completed
 (`need` = beam width, or 1 at the last size), so the `need`-th best final count T is known; a set is dropped
 once even all its unseen examples right could not reach T (`correct_so_far + unseen < T`). Such a set ranks
-strictly below `need` completed sets, so the beam, the best set and the selection are exactly those of the
-unpruned search; only the cost changes. The decisions depend only on the journal's bits (resume-safe).
+strictly below `need` completed sets, so the beam, the step's best set and the selection are exactly those of
+the unpruned search; only the cost changes. A continuous objective has no such bound: every set is completed.
+The decisions depend only on the journal's rows (resume-safe).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, Sequence
+from typing import Any
 
-from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.model.heads import Head, format_heads
+from headedit.discovery import evidence
+from headedit.discovery.objective import scale
 from headedit.discovery.scorer import Scorer
+from headedit.events import (
+    Reporter,
+    StageFinished,
+    StageProgress,
+    StageStarted,
+    null_reporter,
+)
+from headedit.model.heads import Head, format_heads
 
 STAGE = "search"
 ALL_HEADS_ADDITIONS = 2  # how many first additions draw from every head when asked
+
+
+DEFAULT_ALPHA = 0.05  # evidence level per step (docs/discovery.md: why this value)
 
 
 @dataclass(frozen=True)
@@ -31,30 +48,34 @@ class SearchSpec:
     method: str = "greedy"  # greedy | exhaustive
     beam: int = 2
     max_heads: int = 6
-    min_gain: float = 0.1  # points a new size must add over the best so far to continue
+    min_gain: float = 0.0  # discovery-accuracy points a step must add over the current best; 0 = no floor
     exhaustive_size: int = 2
     first_additions_all_heads: bool = False
-    prune: bool = True  # exact bound pruning (module docstring); the selection is unchanged
+    prune: bool = True  # exact bound pruning (module docstring; accuracy objective); the selection is unchanged
     prune_chunk: int = 32  # first look, in examples (a multiple of the engine's batch keeps its caches warm)
+    alpha: float = DEFAULT_ALPHA  # one-sided test level per step, before the multiplicity correction; 1 = no test
 
     @classmethod
-    def from_recipe(cls, d: Any) -> "SearchSpec":
+    def from_recipe(cls, d: Any) -> SearchSpec:
         return cls(d.search, d.beam, d.max_heads, d.min_gain, d.exhaustive_size, d.first_additions_all_heads,
-                   bool(getattr(d, "prune", True)), int(getattr(d, "prune_chunk", 32)))
+                   bool(getattr(d, "prune", True)), int(getattr(d, "prune_chunk", 32)),
+                   float(getattr(d, "alpha", DEFAULT_ALPHA)))
 
-    def rule(self, k: int) -> str:
+    def rule(self, k: int, objective: str = "accuracy") -> str:
         pool = f"candidates: the {k} highest screen scores (even if zero or negative)"
         if self.first_additions_all_heads:
             pool += f"; the first {ALL_HEADS_ADDITIONS} additions draw from every head"
         if self.method == "exhaustive":
-            how = (f"every subset of the candidates up to size {self.exhaustive_size}, then greedy additions with "
-                   f"beam {self.beam} from the best {self.beam} of them")
+            how = (f"every subset of the candidates up to size {self.exhaustive_size} (one step per size, the family "
+                   f"being every subset of all heads up to that size), then greedy additions with beam {self.beam} "
+                   f"from the best {self.beam} of the largest size")
         else:
             how = f"greedy forward selection with beam {self.beam}, adding one head per size"
-        stop = (f"stop when a size's best set is not at least {self.min_gain:g} points above the best so far, or at "
-                f"{self.max_heads} heads; selection = best discovery accuracy (ties: fewer heads, then head text)")
-        rule = f"{pool}; {how}; {stop}"
-        if self.prune:
+        stop = (f"the search stops at the first step not accepted (exhaustive: after its sizes, if none was) or at "
+                f"{self.max_heads} heads; selection = the last accepted set, none when no step is accepted; ranking "
+                "ties: fewer heads, then head text")
+        rule = f"{pool}; {how}; {evidence.rule(objective, self.alpha, self.min_gain)}; {stop}"
+        if self.prune and objective == "accuracy":
             rule += (f"; exact pruning: sets scored on {self.prune_chunk}, {2 * self.prune_chunk}, ... examples, a set "
                      "dropped once its correct count plus its unseen examples is below the final count of the "
                      "beam-th best completed set (it cannot enter the beam; the selection is unchanged)")
@@ -70,19 +91,39 @@ class SearchResult:
     trace: list[dict[str, Any]] = field(default_factory=list)
     evaluations: int = 0
     candidates: list[Head] = field(default_factory=list)
+    objective: str = "accuracy"
+    intact_objective: float = 0.0  # mean per-example objective
+    selected_objective: float = 0.0
+    steps: list[dict[str, Any]] = field(default_factory=list)  # evidence.Step records, one per size tried
+    reason: str = ""  # why the search ended, in words
+
+    @property
+    def found(self) -> bool:
+        return bool(self.selected)
+
+    @property
+    def best_rejected(self) -> dict[str, Any] | None:
+        """With nothing found: the first step's best set and why it was not accepted (for the user, never exported
+        silently)."""
+        if self.found or not self.steps or not self.steps[0]["best"]:
+            return None
+        first = self.steps[0]
+        return {k: first[k] for k in ("best", "objective_gain", "gain_points", "p", "threshold", "family")}
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rule": self.rule, "candidates": format_heads(self.candidates) if self.candidates else "",
             "candidate_order": [str(h) for h in self.candidates],
             "trace": self.trace, "evaluations": self.evaluations, "selected": format_heads(self.selected),
-            "selected_acc": self.selected_acc, "intact_acc": self.intact_acc,
+            "selected_acc": self.selected_acc, "intact_acc": self.intact_acc, "objective": self.objective,
+            "intact_objective": self.intact_objective, "selected_objective": self.selected_objective,
+            "found": self.found, "reason": self.reason, "steps": self.steps, "best_rejected": self.best_rejected,
         }
 
 
 def _order(item: tuple[tuple[Head, ...], float]) -> tuple:
-    heads, acc = item
-    return (-acc, len(heads), format_heads(heads))
+    heads, score = item
+    return (-score, len(heads), format_heads(heads))
 
 
 def looks(n: int, chunk: int) -> list[int]:
@@ -96,17 +137,18 @@ def looks(n: int, chunk: int) -> list[int]:
 
 def _ranked(scorer: Scorer, sets: list[tuple[Head, ...]], need: int, spec: SearchSpec,
             seen: dict[str, int]) -> list[tuple[tuple[Head, ...], float]]:
-    """Sets best first, exact for every set that can be among the top `need`; pruned sets follow.
+    """(set, mean objective) best first, exact for every set that can be among the top `need`; pruned sets follow.
 
-    `seen[key]` gets the examples each set was scored on (n = complete). Pruned sets carry their accuracy on
-    the examples they saw; they rank after every completed set (they are provably below `need` of them).
+    `seen[key]` gets the examples each set was scored on (n = complete). Pruned sets (accuracy objective only)
+    carry their accuracy on the examples they saw; they rank after every completed set (they are provably below
+    `need` of them).
     """
     n = scorer.n
-    if not spec.prune or n == 0 or len(sets) <= need:
+    if not spec.prune or scorer.continuous or n == 0 or len(sets) <= need:
         scorer.ensure(sets, stage=STAGE)
         for s in sets:
             seen[format_heads(s)] = n
-        return sorted(((s, scorer.accuracy(s)) for s in sets), key=_order)
+        return sorted(((s, scorer.mean(s)) for s in sets), key=_order)
     final: dict[str, int] = {}  # key -> correct count on all n examples
     partial: dict[str, tuple[int, int]] = {}  # key -> (correct so far, examples seen)
     alive = list(sets)
@@ -150,15 +192,18 @@ def joint_search(
     reporter: Reporter = null_reporter,
 ) -> SearchResult:
     pool = list(candidates)
+    objective, factor, n = scorer.objective, scale(scorer.objective), scorer.n
     reporter(StageStarted(STAGE, total=spec.max_heads, description=f"joint search over {len(pool)} candidates"))
-    (intact,) = scorer.ensure([()], stage=STAGE)
-    intact_acc = float(intact.mean()) if scorer.n else 0.0
+    scorer.ensure([()], stage=STAGE)
+    intact_acc, intact_obj = scorer.accuracy(()), scorer.mean(())
+    intact_values, intact_bits = scorer.values(()), scorer.bits(())
     trace: list[dict[str, Any]] = []
+    steps: list[evidence.Step] = []
     tried: dict[str, int] = {}  # key -> examples seen
     pruned = 0
 
     def evaluate(sets: list[tuple[Head, ...]], need: int) -> list[tuple[tuple[Head, ...], float]]:
-        """Sets ranked best first; exact for the top `need` (pruning may cut the rest short)."""
+        """Sets ranked best first by mean objective; exact for the top `need` (pruning may cut the rest short)."""
         nonlocal pruned
         fresh = []
         for s in sets:
@@ -168,38 +213,52 @@ def joint_search(
                 fresh.append(s)
         seen: dict[str, int] = {}
         ranked = _ranked(scorer, fresh, max(1, need), spec, seen)
-        for s, acc in ranked:
+        for s, score in ranked:
             key = format_heads(s)
             tried[key] = m = seen[key]
+            bits = scorer.bits(s, m)
+            acc = float(bits.mean()) if m else 0.0
             entry: dict[str, Any] = {"heads": key, "size": len(s), "acc": acc, "gain": 100.0 * (acc - intact_acc)}
-            if m < scorer.n:  # pruned: accuracy and paired gain on the examples it saw
+            if scorer.continuous:
+                entry.update(objective=score, objective_gain=factor * (score - intact_obj))
+            if m < n:  # pruned: accuracy and paired gain on the examples it saw
                 pruned += 1
-                entry.update(n=m, pruned=True, gain=100.0 * (acc - float(intact[:m].mean())))
+                entry.update(n=m, pruned=True, gain=100.0 * (acc - float(intact_bits[:m].mean())))
             trace.append(entry)
         known = {format_heads(s): a for s, a in ranked}
-        old = [(s, scorer.accuracy(s)) for s in sets
-               if format_heads(s) not in known and tried.get(format_heads(s)) == scorer.n]
-        full = sorted([x for x in ranked if tried[format_heads(x[0])] == scorer.n] + old, key=_order)
-        return full + [x for x in ranked if tried[format_heads(x[0])] < scorer.n]
+        old = [(s, scorer.mean(s)) for s in sets if format_heads(s) not in known and tried.get(format_heads(s)) == n]
+        full = sorted([x for x in ranked if tried[format_heads(x[0])] == n] + old, key=_order)
+        return full + [x for x in ranked if tried[format_heads(x[0])] < n]
+
+    def accept(size: int, scored: list[tuple[tuple[Head, ...], float]], family: int) -> bool:
+        """Test the step's best (complete) set against the current best; record the decision."""
+        top = scored[0][0]
+        ref_values = scorer.values(best) if best else intact_values
+        ref_bits = scorer.bits(best) if best else intact_bits
+        step = evidence.decide(objective, spec.alpha, spec.min_gain, size, family, top, best, scorer.values(top),
+                               ref_values, scorer.bits(top), ref_bits)
+        steps.append(step)
+        return step.accepted
 
     def pool_for(size: int) -> list[Head]:
         if spec.first_additions_all_heads and size <= ALL_HEADS_ADDITIONS:
             return list(all_heads)
         return pool
 
-    best: tuple[tuple[Head, ...], float] = ((), intact_acc)
+    best: tuple[Head, ...] = ()
     beam: list[tuple[Head, ...]] = [()]
     start = 1
     if spec.method == "exhaustive":
         size_cap = min(spec.exhaustive_size, spec.max_heads, len(pool))
+        family = sum(evidence.exhaustive_family(len(all_heads), k) for k in range(1, size_cap + 1))
         last: list[tuple[tuple[Head, ...], float]] = []
         for size in range(1, size_cap + 1):
             need = spec.beam if size == size_cap and size < spec.max_heads else 1
             last = evaluate([tuple(sorted(c)) for c in combinations(sorted(pool), size)], need)
-            if last and last[0][1] * 100.0 >= best[1] * 100.0 + spec.min_gain - 1e-9:
-                best = last[0]
+            if last and accept(size, last, family):
+                best = last[0][0]
             reporter(StageProgress(STAGE, size, spec.max_heads))
-        beam = [s for s, _ in last[: spec.beam]]
+        beam = [s for s, _ in last[: spec.beam]] if best else []
         start = size_cap + 1
     for size in range(start, spec.max_heads + 1):
         expansions: dict[str, tuple[Head, ...]] = {}
@@ -212,16 +271,31 @@ def joint_search(
             break
         scored = evaluate([expansions[k] for k in sorted(expansions)], spec.beam if size < spec.max_heads else 1)
         reporter(StageProgress(STAGE, size, spec.max_heads))
-        top = scored[0]
-        if top[1] * 100.0 < best[1] * 100.0 + spec.min_gain - 1e-9:
+        if not accept(size, scored, evidence.greedy_family(beam, all_heads)):
             break
-        best = top
+        best = scored[0][0]
         beam = [s for s, _ in scored[: spec.beam]]
+    accepted = [st for st in steps if st.accepted]
+    if not steps:
+        reason = "no candidate set to try"
+    elif not best:
+        reason = "no set found: " + steps[0].reason if len(steps) == 1 else \
+            "no set found: " + "; ".join(st.reason for st in steps)
+    else:
+        ended = steps[-1].reason if not steps[-1].accepted else f"reached max_heads = {spec.max_heads}" \
+            if len(best) >= spec.max_heads else "no further set to try"
+        reason = f"{len(accepted)} step(s) accepted, ending with {format_heads(best)}; stopped: {ended}"
     result = SearchResult(
-        rule=spec.rule(len(pool)), intact_acc=intact_acc, selected=best[0], selected_acc=best[1], trace=trace,
-        evaluations=len(trace), candidates=pool,
+        rule=spec.rule(len(pool), objective), intact_acc=intact_acc, selected=best,
+        selected_acc=scorer.accuracy(best), trace=trace, evaluations=len(trace), candidates=pool,
+        objective=objective, intact_objective=intact_obj, selected_objective=scorer.mean(best),
+        steps=[st.to_json() for st in steps], reason=reason,
     )
     note = f", {pruned} pruned" if pruned else ""
-    reporter(StageFinished(STAGE, f"selected {format_heads(best[0]) or '(none)'}: "
-                                  f"{100 * best[1]:.2f}% vs intact {100 * intact_acc:.2f}% ({len(trace)} sets{note})"))
+    if best:
+        text = (f"selected {format_heads(best)}: {100 * result.selected_acc:.2f}% vs intact {100 * intact_acc:.2f}% "
+                f"({len(trace)} sets{note})")
+    else:
+        text = f"{reason} ({len(trace)} sets{note})"
+    reporter(StageFinished(STAGE, text))
     return result

@@ -57,6 +57,7 @@ class TargetBatch:
     position: torch.Tensor  # [n]
     target: torch.Tensor  # [n]
     example: list[int]  # [n] index into the caller's example list
+    group: list[int] | None = None  # [n] choice index of each gather (choice tasks with `all_choices`)
 
 
 class Engine:
@@ -112,21 +113,37 @@ class Engine:
         example `offset` of the split), so calls on different ranges of a split form the same batches and hit
         the same caches (intact scores, hidden states). See `range_eval`.
         """
+        return self.evaluate(task, examples, head_sets, "accuracy", offset, block, doubling)[0]
+
+    def evaluate(
+        self, task: Task, examples: Sequence[Example], head_sets: Sequence[Iterable[Head]],
+        objective: str = "accuracy", offset: int = 0, block: int | None = None, doubling: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(bits, values): `correctness` and, from the same forwards, the per-example discovery objective.
+
+        bits: bool [len(head_sets), len(examples)]; values: float32 [len(head_sets), len(examples)], the
+        objective named by `objective` (`headedit.discovery.objective`: accuracy, margin, logprob). Generated
+        tasks have no continuous score: their values are the bits.
+        """
         sets = [tuple(sorted(set(Head(*h) for h in hs))) for hs in head_sets]
         for hs in sets:
             for h in hs:
                 self.layout.check(h)
+        values = np.zeros((len(sets), len(examples)), dtype=np.float32)
         if not examples or not sets:
-            return np.zeros((len(sets), len(examples)), dtype=bool)
+            return np.zeros((len(sets), len(examples)), dtype=bool), values
         if task.kind == "generate":
-            return generate_correctness(self, task, list(examples), sets)
+            bits = generate_correctness(self, task, list(examples), sets)
+            return bits, bits.astype(np.float32)
         plans = self.plans(task, examples)
         raw = self.score_plans(plans, sets, spans=aligned_spans(len(examples), offset, block, doubling))
         out = np.zeros((len(sets), len(examples)), dtype=bool)
+        row = np.zeros(len(examples), dtype=np.float64)
         for s in range(len(sets)):
             for batch, scores in raw[s]:
-                reduce_scores(task, examples, batch, scores, out[s])
-        return out
+                reduce_scores(task, examples, batch, scores, out[s], row, objective)
+            values[s] = row
+        return out, values
 
     def range_eval(self, task: Task, examples: Sequence[Example], block: int | None = None, doubling: bool = False):
         """An evaluator `(sets, start, stop) -> bool [sets, stop - start]` over one split, for the discovery scorer.
@@ -171,29 +188,34 @@ class Engine:
             self._plans[key] = hit
         return hit
 
-    def answer_batches(self, task: Task, examples: Sequence[Example]) -> Iterator[TargetBatch]:
-        """Batches for a caller's own forward+backward; see `TargetBatch`. No ablation is applied here."""
+    def answer_batches(self, task: Task, examples: Sequence[Example], all_choices: bool = False) -> Iterator[TargetBatch]:
+        """Batches for a caller's own forward+backward; see `TargetBatch`. No ablation is applied here.
+
+        With `all_choices`, choice tasks keep the gathers of every choice (`TargetBatch.group` says which), so a
+        caller can form the margin or the choice probability, not just the correct choice's log-probability.
+        """
         if task.kind == "generate":
             plans, keep = draft_plans(self, task, list(examples))
         else:
             plans, keep = self.plans(task, examples), list(range(len(examples)))
         for batch in self.batches([plans[i] for i in range(len(plans))]):
-            rows, poss, toks, exs = [], [], [], []
+            rows, poss, toks, exs, groups = [], [], [], [], []
             all_rows, all_pos = batch.gather_row.tolist(), batch.gather_pos.tolist()  # one transfer each
             for i in range(len(batch.gather_member)):
                 member = batch.gather_member[i]
                 ex = examples[keep[member]]
-                if task.kind == "choice" and batch.gather_group[i] != ex.label:
+                if task.kind == "choice" and batch.gather_group[i] != ex.label and not all_choices:
                     continue
                 rows.append(all_rows[i])
                 poss.append(all_pos[i])
                 toks.append(int(batch.gather_tok_host[i]))
                 exs.append(keep[member])
+                groups.append(int(batch.gather_group[i]) if task.kind == "choice" else 0)
             dev = batch.input_ids.device
             yield TargetBatch(
                 batch.input_ids, batch.attention_mask, batch.position_ids,
                 torch.tensor(rows, dtype=torch.long, device=dev), torch.tensor(poss, dtype=torch.long, device=dev),
-                torch.tensor(toks, dtype=torch.long, device=dev), exs,
+                torch.tensor(toks, dtype=torch.long, device=dev), exs, groups if all_choices else None,
             )
 
     def clear_caches(self) -> None:
@@ -372,4 +394,7 @@ class Engine:
         toks = batch.gather_tok.repeat(k)
         lp = logp.gather(1, toks[:, None])[:, 0].double()  # [set*n]
         am = logits.argmax(dim=-1)  # [set*n]
-        return [RawScores(lp[i * n:(i + 1) * n], am[i * n:(i + 1) * n]) for i in range(k)]
+        top = logp.topk(min(2, logp.shape[-1]), dim=-1).values  # [set*n, 2]
+        # best log-probability of any token but the target (the exact-match margin's rival)
+        other = torch.where(am == toks, top[:, -1], top[:, 0]).double()  # [set*n]
+        return [RawScores(lp[i * n:(i + 1) * n], am[i * n:(i + 1) * n], other[i * n:(i + 1) * n]) for i in range(k)]

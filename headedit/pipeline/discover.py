@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from headedit.discovery import run_screen
-from headedit.discovery.search import SearchSpec, joint_search
+from headedit.discovery.objective import effective, scale, unit
+from headedit.discovery.search import SearchResult, SearchSpec, joint_search
 from headedit.discovery.table import ScreenResult
 from headedit.errors import HeadeditError, RunError
 from headedit.events import Log, Reporter, null_reporter
@@ -63,7 +64,11 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
                     environment=env)
     examples = list(split.examples)
     resolve_batch(loaded.engine, recipe.model.batch_size, loaded.task, examples, run, reporter)
-    scorer = scorer_for(loaded, journal, DISCOVERY, examples, reporter, cancel, shard)
+    objective = effective(recipe.discovery.objective, loaded.task.kind)
+    if objective != recipe.discovery.objective:
+        reporter(Log(f"objective: {loaded.task.name} is a generated task, so discovery ranks by accuracy "
+                     f"(discovery.objective = {recipe.discovery.objective!r} needs scored answers)"))
+    scorer = scorer_for(loaded, journal, DISCOVERY, examples, reporter, cancel, shard, objective=objective)
     if run.has(SCREEN_FILE):
         screen = ScreenResult.from_json(run.read(SCREEN_FILE))
         reporter(Log(f"screen: reusing {SCREEN_FILE} ({screen.method})"))
@@ -77,11 +82,25 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
     candidates = screen.top(recipe.discovery.candidates)
     result = joint_search(scorer, candidates, loaded.layout.all_heads(), spec, reporter)
     run.write(SEARCH_FILE, result.to_json())
-    run.write(SELECTION_FILE, {
+    run.write(SELECTION_FILE, selection_record(result, len(examples), screen.method, spec.alpha))
+    if not result.found:
+        reporter(Log(f"{result.reason}; nothing will be exported (export --force bakes the best rejected set)"))
+
+
+def selection_record(result: SearchResult, n: int, screen: str, alpha: float) -> dict[str, Any]:
+    """selection.json: the selected set and its discovery scores, and whether the evidence rule found one.
+
+    `found: false` is a result, not an error: `heads` is then empty, `reason` says why in words and
+    `best_rejected` names the set that came closest (export refuses it without --force)."""
+    return {
         "heads": format_heads(result.selected), "discovery_acc": result.selected_acc,
         "intact_acc": result.intact_acc, "gain_points": 100.0 * (result.selected_acc - result.intact_acc),
-        "n": len(examples), "screen": screen.method,
-    })
+        "n": n, "screen": screen, "found": result.found, "reason": result.reason,
+        "objective": result.objective, "intact_objective": result.intact_objective,
+        "selected_objective": result.selected_objective,
+        "objective_gain": scale(result.objective) * (result.selected_objective - result.intact_objective),
+        "objective_unit": unit(result.objective), "alpha": alpha, "best_rejected": result.best_rejected,
+    }
 
 
 def _discover_processes(recipe: Recipe | None, run_dir: str | Path | None, resume: bool, reporter: Reporter,
@@ -109,7 +128,7 @@ def _discover_processes(recipe: Recipe | None, run_dir: str | Path | None, resum
                 journal = stack.enter_context(run.journal())
                 state = {"recipe": run.recipe_text, "path": str(run.path), "info": dict(run.info),
                          "files": {n: run.read(n) for n in STAGE_FILES if run.has(n)},
-                         "entries": [(e.split, e.heads, e.n, np.packbits(e.bits), e.stage, e.created)
+                         "entries": [(e.split, e.heads, e.n, np.packbits(e.bits), e.stage, e.created, e.values)
                                      for e in journal.entries()]}
             except HeadeditError as err:
                 broadcast({"error": (err.message, err.hint, type(err).__name__)}, device)
@@ -121,8 +140,8 @@ def _discover_processes(recipe: Recipe | None, run_dir: str | Path | None, resum
                 message, hint, _ = state["error"]
                 raise RunError(f"rank 0 could not start: {message}", hint)
             recipe = parse_recipe(state["recipe"], Path(state["path"]) / RECIPE_FILE)
-            entries = [Entry(s, h, n, np.unpackbits(b, count=n).astype(bool), st, c)
-                       for s, h, n, b, st, c in state["entries"]]
+            entries = [Entry(s, h, n, np.unpackbits(b, count=n).astype(bool), st, c, v)
+                       for s, h, n, b, st, c, v in state["entries"]]
             journal = MirrorJournal(entries)
             run = RunMirror(state["path"], state["info"], state["files"])
             reporter = null_reporter
@@ -131,4 +150,4 @@ def _discover_processes(recipe: Recipe | None, run_dir: str | Path | None, resum
     return Path(state["path"])
 
 
-__all__ = ["discover", "run_discovery"]
+__all__ = ["discover", "run_discovery", "selection_record"]

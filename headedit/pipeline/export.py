@@ -38,10 +38,7 @@ def export_run(
     run = Run.open(run_dir)  # a folder that is not a run, or one from a newer headedit, is refused here
     recipe = run.recipe()
     selection = run.selection()
-    heads = selection.get("heads")
-    if not heads:
-        raise RunError(f"run {run_dir.name} selected no heads (no ablation improved discovery accuracy)",
-                       "nothing to export; try another screen or more candidates")
+    heads = heads_to_export(run_dir.name, selection, force)
     source = resolve_model(recipe.model.id, recipe.model.revision)
     if push:
         _preflight_push(run_dir, push)
@@ -61,6 +58,22 @@ def export_run(
     return target
 
 
+def heads_to_export(run_name: str, selection: dict, force: bool) -> str:
+    """The heads an export bakes. A run whose search found no set that passed its evidence test
+    (selection.json `found: false`) is refused; `force` bakes the set that came closest (`best_rejected`),
+    and the copied selection.json still says `found: false`."""
+    heads = str(selection.get("heads") or "")
+    if selection.get("found", True) is not False and heads:
+        return heads
+    rejected = selection.get("best_rejected") or {}
+    reason = str(selection.get("reason") or "no ablation improved discovery accuracy")
+    if not force or not rejected.get("best"):
+        hint = (f"nothing passed; `--force` exports the best rejected set {rejected['best']} anyway (its records say it "
+                "did not pass)" if rejected.get("best") else "nothing to export; try another screen or more candidates")
+        raise RunError(f"run {run_name} found no head set: {reason}", hint)
+    return str(rejected["best"])
+
+
 def _preflight_push(run_dir: Path, repo_id: str) -> None:
     """Refuse a push that cannot succeed (bad repo id, unvalidated run, no/bad/read-only token,
     foreign namespace) before baking, so a refused push leaves no export behind."""
@@ -77,4 +90,4 @@ def _preflight_push(run_dir: Path, repo_id: str) -> None:
         check_account(HfApi(token=secret), repo_id)
 
 
-__all__ = ["export_run", "default_export_dir"]
+__all__ = ["export_run", "default_export_dir", "heads_to_export"]

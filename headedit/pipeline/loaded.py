@@ -80,17 +80,20 @@ def load_split(recipe: Recipe, task: Task, split: str, size: int | None = None) 
 
 
 def scorer_for(loaded: Loaded, journal: Journal, split_name: str, examples: Sequence[Any], reporter: Reporter,
-               cancel: threading.Event | None, shard: Shard | None = None) -> Scorer:
-    """The journaled scorer; with a `Shard`, each call's sets are split over the processes."""
+               cancel: threading.Event | None, shard: Shard | None = None, objective: str = "accuracy") -> Scorer:
+    """The journaled scorer; with a `Shard`, each call's sets are split over the processes. A continuous
+    `objective` (headedit.discovery.objective) is computed from the same forwards and journaled with the bits."""
 
     def eval_fn(sets: list[tuple[Head, ...]], start: int, stop: int):
-        return loaded.engine.correctness(loaded.task, examples[start:stop], sets)
+        if objective == "accuracy":
+            return loaded.engine.correctness(loaded.task, examples[start:stop], sets)
+        return loaded.engine.evaluate(loaded.task, examples[start:stop], sets, objective)
 
     if shard is not None:  # SETS_PER_CALL per process; cancel is checked collectively inside the shard
-        return Scorer(journal, split_name, len(examples), shard.wrap(eval_fn), reporter,
-                      SETS_PER_CALL * shard.world_size, None)
+        return Scorer(journal, split_name, len(examples), shard.wrap(eval_fn, objective != "accuracy"), reporter,
+                      SETS_PER_CALL * shard.world_size, None, objective=objective)
     fn: EvalFn = eval_fn
-    return Scorer(journal, split_name, len(examples), fn, reporter, SETS_PER_CALL, cancel)
+    return Scorer(journal, split_name, len(examples), fn, reporter, SETS_PER_CALL, cancel, objective=objective)
 
 
 def early_stop_for(recipe: Recipe, n: int) -> EarlyStop | None:

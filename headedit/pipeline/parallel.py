@@ -187,12 +187,13 @@ class Shard:
         self.calls = 0
         self.sets_here = 0  # sets this process evaluated
 
-    def wrap(self, eval_fn: Callable[[list, int, int], np.ndarray]) -> Callable[[list, int, int], np.ndarray]:
+    def wrap(self, eval_fn: Callable[[list, int, int], Any], with_values: bool = False) -> Callable[[list, int, int], Any]:
+        """`with_values`: eval_fn returns (bits, float values) and so does the wrapper (a continuous objective)."""
         import torch.distributed as dist
 
         from headedit.discovery.scorer import Cancelled
 
-        def sharded(sets: list, start: int, stop: int) -> np.ndarray:
+        def sharded(sets: list, start: int, stop: int) -> Any:
             cancelled = bool(self.cancel is not None and self.cancel.is_set())
             flags: list[Any] = [None] * self.world_size
             dist.all_gather_object(flags, cancelled)
@@ -202,24 +203,33 @@ class Shard:
             lo, hi = share(len(sets), self.rank, self.world_size)
             error: str | None = None
             mine = np.zeros((hi - lo, stop - start), dtype=bool)  # [my sets, examples]
+            values = np.zeros((hi - lo, stop - start), dtype=np.float32)  # [my sets, examples]
             try:
                 if hi > lo:
-                    mine = np.asarray(eval_fn(sets[lo:hi], start, stop), dtype=bool)
+                    out = eval_fn(sets[lo:hi], start, stop)
+                    if with_values:
+                        mine, values = np.asarray(out[0], dtype=bool), np.asarray(out[1], dtype=np.float32)
+                    else:
+                        mine = np.asarray(out, dtype=bool)
             except HeadeditError as err:
                 error = str(err)
             except Exception as err:  # noqa: BLE001 - reported on every rank, then raised
                 error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             parts: list[Any] = [None] * self.world_size
-            dist.all_gather_object(parts, (error, np.packbits(mine, axis=1), mine.shape))
-            failed = [(r, e) for r, (e, _, _) in enumerate(parts) if e]
+            dist.all_gather_object(parts, (error, np.packbits(mine, axis=1), mine.shape,
+                                           values if with_values else None))
+            failed = [(r, e) for r, (e, _, _, _) in enumerate(parts) if e]
             if failed:
                 r, e = failed[0]
                 raise RunError(f"process {r} of {self.world_size} failed: {e}",
                                "fix the cause and resume; finished evaluations are in the journal")
             self.calls += 1
             self.sets_here += hi - lo
-            rows = [np.unpackbits(p, axis=1, count=shape[1]).astype(bool).reshape(shape) for _, p, shape in parts]
-            return np.concatenate(rows, axis=0)  # [sets, examples], in the callers' set order
+            rows = [np.unpackbits(p, axis=1, count=shape[1]).astype(bool).reshape(shape) for _, p, shape, _ in parts]
+            bits = np.concatenate(rows, axis=0)  # [sets, examples], in the callers' set order
+            if not with_values:
+                return bits
+            return bits, np.concatenate([v for _, _, _, v in parts], axis=0)  # [sets, examples] float32
 
         return sharded
 
@@ -236,8 +246,9 @@ class MirrorJournal:
     def get(self, split: str, heads: str) -> Entry | None:
         return self._cache.get((split, heads))
 
-    def put(self, split: str, heads: str, bits: np.ndarray, stage: str, new_examples: int) -> Entry:
-        entry = extend_entry(self._cache.get((split, heads)), split, heads, bits, stage)
+    def put(self, split: str, heads: str, bits: np.ndarray, stage: str, new_examples: int,
+            values: np.ndarray | None = None) -> Entry:
+        entry = extend_entry(self._cache.get((split, heads)), split, heads, bits, stage, values)
         self._cache[(split, heads)] = entry
         return entry
 

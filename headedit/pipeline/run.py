@@ -9,6 +9,7 @@ from headedit.pipeline.discover import discover
 from headedit.pipeline.export import export_run
 from headedit.pipeline.validate import validate_run
 from headedit.recipe import Recipe
+from headedit.runs import Run
 
 
 def run(
@@ -24,7 +25,8 @@ def run(
     path = discover(recipe, run_dir, reporter=reporter, cancel=cancel)
     result = validate_run(path, reporter, cancel)
     if not result.get("heads"):
-        reporter(Log("no head set improved discovery accuracy: nothing to export"))
+        reason = Run.open(path).selection().get("reason") or "no head set improved discovery accuracy"
+        reporter(Log(f"{reason}; nothing to export"))
         return path, result, None
     exported = export_run(path, out=out, push=push, force=force, reporter=reporter)
     return path, result, Path(exported)
