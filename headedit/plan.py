@@ -60,7 +60,7 @@ class ModelCost:
         """FLOPs of `n` forwards of sequences of these lengths: 2*matmul_params per token + causal attention."""
         lengths = [lengths] if isinstance(lengths, (int, float)) else list(lengths)
         lay = self.layout
-        attn = 2 * lay.num_layers * lay.num_heads * lay.head_dim  # QK^T and AV: 2 mults x ctx per token
+        attn = 2 * lay.attention_width  # QK^T and AV over the layers with heads: 2 mults x ctx per token
         per = sum(2 * self.matmul_params * s + attn * s * (s + 1) for s in lengths)
         return per * n
 
@@ -74,14 +74,15 @@ def model_cost(config: Mapping[str, Any]) -> ModelCost:
         inter = int(cfg["intermediate_size"])
     except (KeyError, TypeError, ValueError):
         raise ModelLoadError("config.json lacks vocab_size/intermediate_size", "check config.json") from None
-    h, d = layout.hidden_size, layout.head_dim
-    q, kv = layout.num_heads * d, layout.num_kv_heads * d
+    h = layout.hidden_size
+    # query and KV widths summed over the layers with heads (the geometry knows per-layer heads and widths)
+    q = sum(lay.num_heads * lay.head_width for lay in layout.attention_layers)
+    kv = sum(lay.num_kv_heads * lay.head_width for lay in layout.attention_layers)
     full = _with_defaults(cfg)  # keys a config.json leaves out take the transformers class defaults
     bias = bool(full.get("attention_bias", False)) or layout.model_type == "qwen2"  # qwen2 always has q/k/v bias
     attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if bias else 0)
     mlp = 3 * h * inter + ((2 * inter + h) if full.get("mlp_bias") else 0)
-    per_layer = attn + mlp + 2 * h
-    body = layout.num_layers * per_layer + h  # + final norm
+    body = attn + layout.num_layers * (mlp + 2 * h) + h  # attention of every head layer, MLPs, norms, final norm
     embed = vocab * h
     tied = bool(full.get("tie_word_embeddings", False))
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
@@ -141,7 +142,7 @@ class TokenStats:
     def flops(self, cost: ModelCost, n_examples: int) -> float:
         # sum over examples of 2*P*s + attn*s*(s+1) = n*(2P*mean + attn*(mean_sq + mean))
         lay = cost.layout
-        attn = 2 * lay.num_layers * lay.num_heads * lay.head_dim
+        attn = 2 * lay.attention_width
         return n_examples * (2 * cost.matmul_params * self.mean + attn * (self.mean_sq + self.mean))
 
 

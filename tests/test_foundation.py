@@ -14,9 +14,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from headedit import Head, HeadLayout, ablate, format_heads, parse_heads
-from headedit.model.ablation import heads_to_mask
-from headedit.export.bake import bake, verify_export
 from headedit.errors import ExportError, HeadSpecError, OutputExistsError, UnsupportedModelError
+from headedit.export.bake import bake, verify_export
+from headedit.model.ablation import heads_to_mask
 
 ARCHS = {
     # name: (config class path, extra kwargs)
@@ -86,8 +86,11 @@ def test_real_configs_give_real_layouts():
 
 
 def test_unsupported_architecture_is_named():
-    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
-        HeadLayout.from_config({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2})
+    with pytest.raises(UnsupportedModelError, match="MambaForCausalLM.*no layer has softmax attention heads"):
+        HeadLayout.from_config({"model_type": "mamba", "architectures": ["MambaForCausalLM"], "num_hidden_layers": 2,
+                                "hidden_size": 16, "vocab_size": 64, "state_size": 4})
+    with pytest.raises(UnsupportedModelError, match="does not know this model type"):
+        HeadLayout.from_config({"model_type": "no-such-decoder", "num_hidden_layers": 2})
 
 
 def test_absurd_config_rejected_before_allocation():
@@ -257,14 +260,15 @@ def test_cli_bake_and_inspect(cli_src, tmp_path):
     (["bake", "{src}", "--heads", "1.x", "--out", "{tmp}/o"], "malformed head"),
     (["bake", "{tmp}/missing", "--heads", "0.1", "--out", "{tmp}/o"], "not found"),
     (["bake", "{src}", "--heads", "0.1", "--out", "{tmp}/exists"], "already exists"),
-    (["inspect", "{tmp}/gpt2"], "unsupported architecture GPT2LMHeadModel"),
+    (["inspect", "{tmp}/mamba"], "unsupported architecture MambaForCausalLM"),
     (["inspect", "no-such-org/no-such-model"], "could not be fetched"),
     (["bake", "{src}"], "required"),
 ])
 def test_cli_bad_input_one_line_exit_2(cli_src, tmp_path, args, needle):
     (tmp_path / "exists").mkdir()
-    (tmp_path / "gpt2").mkdir()
-    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "mamba").mkdir()  # no attention heads at all: refused before any weight file is looked for
+    (tmp_path / "mamba" / "config.json").write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"],
+                                                                "num_hidden_layers": 2, "hidden_size": 16}))
     res = cli(*[a.format(src=cli_src, tmp=tmp_path) for a in args])
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()

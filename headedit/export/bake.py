@@ -1,4 +1,7 @@
-"""Make an ablation permanent: zero the o_proj input columns of chosen heads in a new checkpoint.
+"""Make an ablation permanent: zero the chosen heads' input slices of the attention output projection.
+
+Which tensor and which slice come from the model's `HeadGeometry`: columns of a Linear weight [out, in],
+rows of GPT-2's Conv1D weight [in, out]; biases are never changed.
 
 Streams one shard at a time (never two copies of a large model in memory), leaves every other
 tensor byte-identical, and writes a manifest whose hashes later let push re-verify the export.
@@ -15,7 +18,9 @@ from headedit.atomic import atomic_dir, sha256_file
 from headedit.errors import ExportError, ModelLoadError
 from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
-from headedit.model.loading import SIDE_FILE_PATTERNS, ModelSource, check_shapes, read_config, resolve_model, weight_files
+from headedit.model.loading import (
+    SIDE_FILE_PATTERNS, ModelSource, check_shapes, read_config, resolve_model, safetensors_header, weight_files,
+)
 
 MANIFEST = "headedit.json"
 MANIFEST_FORMAT = 1
@@ -32,12 +37,24 @@ def _side_files(path: Path) -> list[Path]:
     return [found[name] for name in sorted(found)]
 
 
-def zero_heads(tensor: Any, layout: HeadLayout, heads: Iterable[int]) -> Any:
-    """Zero the o_proj input columns of `heads` in a copy of one layer's o_proj weight [hidden, head * d_head]."""
+def zero_heads(tensor: Any, layout: HeadLayout, heads: Iterable[int], layer: int | None = None) -> Any:
+    """Zero the input slices of `heads` in a copy of one layer's projection weight: columns of a Linear
+    [out, heads * width], rows of a Conv1D [heads * width, out]. Without `layer`: a Linear of the common width."""
     edited = tensor.clone()
+    lay = layout.layer(layer) if layer is not None else None
     for head in heads:
-        edited[:, layout.columns(head)] = 0
+        cols = layout.columns(head, layer)
+        if lay is not None and lay.kind == "conv1d":
+            edited[cols, :] = 0
+        else:
+            edited[:, cols] = 0
     return edited
+
+
+def weight_shapes(files: Sequence[Path]) -> dict[str, list[int]]:
+    """{checkpoint key: shape} over every weight file, from the safetensors headers (no tensor read)."""
+    return {key: list(info.get("shape", [])) for file in files
+            for key, info in safetensors_header(file).items() if key != "__metadata__"}
 
 
 def write_baked_weights(
@@ -49,7 +66,8 @@ def write_baked_weights(
 
     files = weight_files(source)
     check_shapes(layout, files)
-    by_key = {layout.o_proj_weight_key(layer): hs for layer, hs in layout.by_layer(heads).items()}
+    keys = layout.match_weights(weight_shapes(files))  # {layer: checkpoint key}, shapes checked
+    by_key = {keys[layer]: (layer, hs) for layer, hs in layout.by_layer(heads).items()}
     source_hashes: dict[str, str] = {}
     reporter(StageStarted("bake", total=len(files), description=f"zeroing {len(heads)} heads"))
     for i, file in enumerate(files):
@@ -59,7 +77,7 @@ def write_baked_weights(
             tensors = {}
             for key in reader.keys():
                 tensor = reader.get_tensor(key)
-                tensors[key] = zero_heads(tensor, layout, by_key[key]) if key in by_key else tensor
+                tensors[key] = zero_heads(tensor, layout, by_key[key][1], by_key[key][0]) if key in by_key else tensor
         save_file(tensors, str(target / file.name), metadata={"format": "pt", **metadata})
         del tensors
         reporter(StageProgress("bake", done=i + 1, total=len(files)))

@@ -1,8 +1,9 @@
-"""In-memory head ablation through forward pre-hooks on o_proj.
+"""In-memory head ablation through forward pre-hooks on each layer's attention output projection.
 
-Zeroing o_proj's input columns of a head is exactly what the bake does to the weight columns:
-x[:, cols] = 0 then x @ W.T equals x @ W'.T with W'[:, cols] = 0, term by term, so the two
-paths give bit-identical logits (tested).
+Zeroing the projection's input slice of a head is exactly what the bake does to the weight: for a Linear,
+x[:, cols] = 0 then x @ W.T equals x @ W'.T with W'[:, cols] = 0, term by term (for GPT-2's Conv1D, x @ W with
+W'[rows, :] = 0), so the two paths give bit-identical logits (tested on every family of the model zoo).
+Which module, and which slice per layer, come from the one `HeadGeometry`.
 """
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from headedit.model.heads import Head, HeadLayout
 
 
 def heads_to_mask(layout: HeadLayout, head_sets: list[Iterable[Head]], device: Any = None) -> torch.Tensor:
-    """One row per ablation set: True where the head is zeroed."""
+    """One row per ablation set: True where the head is zeroed (head axis as wide as the widest layer)."""
     mask = torch.zeros(len(head_sets), layout.num_layers, layout.num_heads, dtype=torch.bool)  # [set, layer, head]
     for row, heads in enumerate(head_sets):
         for h in heads:
-            layout.check(h)
+            h = layout.check(Head(*h))
             mask[row, h.layer, h.head] = True
     return mask.to(device) if device is not None else mask
 
 
 class HeadAblation:
-    """Hooks every o_proj once; what is ablated can change between forwards without re-hooking.
+    """Hooks every attention output projection once; what is ablated can change between forwards without re-hooking.
 
     State is either a head set applied to every row, or a per-row mask [batch, layers, heads]
     (True = zero that head in that row), so one forward evaluates a different set per row.
@@ -65,8 +66,12 @@ class HeadAblation:
             layer_mask = mask[:, layer, :]  # [rows, head]
             if not bool(layer_mask.any()):
                 continue
-            cols = self.layout.column_mask(~layer_mask)  # [rows, head * d_head]
-            keep[layer] = to_device(cols.unsqueeze(1), device)  # [rows, 1, head * d_head]
+            lay = self.layout.layer(layer)
+            if bool(layer_mask[:, lay.num_heads:].any()):
+                extra = int(layer_mask[:, lay.num_heads:].nonzero()[0, 1]) + lay.num_heads
+                self.layout.check(Head(layer, extra))  # raises, naming the layer's heads
+            cols = self.layout.column_mask(~layer_mask, layer)  # [rows, heads * width] of this layer
+            keep[layer] = to_device(cols.unsqueeze(1), device)  # [rows, 1, heads * width]
         self._keep_cols = keep
         self._rows = rows
 
@@ -82,7 +87,7 @@ class HeadAblation:
             keep = self._keep_cols.get(layer)
             if keep is None:
                 return None
-            x = args[0]  # [batch, pos, head * d_head]
+            x = args[0]  # [batch, pos, heads * width]
             if self._rows is not None and x.shape[0] != self._rows:
                 raise ValueError(f"ablation mask has {self._rows} rows but the batch has {x.shape[0]}")
             if keep.device != x.device:
@@ -92,7 +97,8 @@ class HeadAblation:
         return pre_hook
 
     def attach(self) -> None:
-        for layer in range(self.layout.num_layers):
+        for lay in self.layout.attention_layers:
+            layer = lay.layer
             module = self.model.get_submodule(self.layout.o_proj_path(layer))
             self._handles.append(module.register_forward_pre_hook(self._hook(layer)))
 
