@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ from headedit.export.card import (
     placeholder_repo_id,
     render_card,
     repo_name,
-    retarget_card,
+    retarget,
     scrub,
     template_path,
     write_card,
@@ -239,20 +240,38 @@ def test_real_gguf_licence_without_an_original_id(hub_export):
     assert "GGUF metadata general.license" in str(card) and "Base model: unknown" in str(card)
 
 
-def test_retarget_card_names_the_push_repo(hub_export):
-    from headedit.export.bake import verify_export
-
+def test_retarget_names_the_push_repo_and_changes_nothing_else(hub_export):
     _, run, export = hub_export
-    before = (export / "README.md").read_text()
-    manifest = retarget_card(export, "someone/tiny-edited")
-    text = (export / "README.md").read_text()
+    card = (export / "README.md").read_bytes()
+    manifest = json.loads((export / "headedit.json").read_text())
+    new_card, new_manifest = retarget(card, manifest, "someone/tiny-edited")
+    text, renamed = new_card.decode(), json.loads(new_manifest)
     assert 'from_pretrained("someone/tiny-edited")' in text and "your-username/" not in text
-    assert "is a placeholder" not in text
+    assert "is a placeholder" not in text and "is a placeholder" in card.decode()
     assert _front_matter(text)["model-index"][0]["name"] == "tiny-edited"
-    assert manifest["card"]["repo_id"] == "someone/tiny-edited"
-    assert verify_export(export)["files"]["README.md"] == manifest["files"]["README.md"]
-    assert text.split("## Results", 1)[1].split("## Usage")[0] == before.split("## Results", 1)[1].split("## Usage")[0]
-    assert retarget_card(export, "someone/tiny-edited") == manifest  # already named: unchanged
+    assert renamed["card"]["repo_id"] == "someone/tiny-edited"
+    assert renamed["files"]["README.md"] == hashlib.sha256(new_card).hexdigest()
+    assert {k: v for k, v in renamed["files"].items() if k != "README.md"} == \
+        {k: v for k, v in manifest["files"].items() if k != "README.md"}
+    assert text.split("## Results", 1)[1].split("## Usage")[0] == card.decode().split("## Results", 1)[1].split("## Usage")[0]
+    assert retarget(new_card, renamed, "someone/tiny-edited") is None  # already named: nothing to change
+
+
+def test_push_uploads_the_card_for_its_repo_and_leaves_the_export(hub_inprocess, hub_user, hub_export):
+    from headedit.export.bake import verify_export
+    from headedit.export.hub import push_export
+
+    _, _, export = hub_export
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    repo = f"{hub_user.name}/card-named"
+    push_export(export, repo, token=hub_user.token)
+    pushed = hub_inprocess.file_bytes(repo, "README.md").decode()
+    assert f'from_pretrained("{repo}")' in pushed and "your-username/" not in pushed
+    assert _front_matter(pushed)["model-index"][0]["name"] == "card-named"
+    remote_manifest = json.loads(hub_inprocess.file_bytes(repo, "headedit.json"))
+    assert remote_manifest["files"]["README.md"] == hashlib.sha256(pushed.encode()).hexdigest()
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before  # the local export is unchanged
+    verify_export(export)
 
 
 def test_write_card_extends_manifest_and_checks_heads(hub_export):

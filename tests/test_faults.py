@@ -344,6 +344,7 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
     checks the Hub, then runs the same command again, which must land exactly that revision."""
     from headedit.export.bake import write_manifest
     from headedit.export.hub import upload_paths
+    from headedit.export.card import retarget
 
     _, _, export = hub_export
     env = base_env(hub_env)
@@ -353,7 +354,9 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
         (export / "README.md").write_text(card + f"\nrevision {i}\n")
         manifest = json.loads((export / "headedit.json").read_text())
         manifest = write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
-        return {name: (export / name).read_bytes() for name in upload_paths(export, manifest)}
+        files = {name: (export / name).read_bytes() for name in upload_paths(export, manifest)}
+        files["README.md"], files["headedit.json"] = retarget(files["README.md"], manifest, repo)  # names the repo
+        return files
 
     def cmd(repo: str) -> list[str]:
         return [sys.executable, "-m", "headedit", "push", str(export), "--repo", repo]

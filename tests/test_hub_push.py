@@ -71,9 +71,15 @@ def test_cli_push_then_plain_transformers_reload_gives_identical_logits(hub_serv
     assert {"README.md", "heads.png", "headedit.json", "recipe.toml", "validation.json", "model.safetensors",
             "config.json", "tokenizer.json"} <= set(head.files)
     assert head.files["model.safetensors"].lfs and head.files["heads.png"].lfs and not head.files["config.json"].lfs
-    for name in head.files:
-        if name != ".gitattributes":
-            assert hub_server.file_bytes(repo, name) == (export / name).read_bytes(), name
+    from headedit.export.card import retarget
+
+    expected = {name: (export / name).read_bytes() for name in head.files if name != ".gitattributes"}
+    renamed = retarget(expected["README.md"], manifest, repo)  # push uploads the card re-rendered for the repo
+    assert renamed is not None and f'from_pretrained("{repo}")'.encode() in renamed[0]
+    expected["README.md"], expected["headedit.json"] = renamed
+    for name, data in expected.items():
+        assert hub_server.file_bytes(repo, name) == data, name
+    assert manifest == json.loads((export / "headedit.json").read_text())  # the local export is left as it was
 
     out = tmp_path / "remote_logits.safetensors"
     loaded = subprocess.run([sys.executable, "-c", LOADER, repo, "", str(out)], env=hub_env, text=True,
@@ -120,7 +126,9 @@ def test_second_commit_and_pinned_revision(hub_inprocess, hub_user, hub_export):
     assert [c.commit_id for c in api.list_repo_commits(repo)][:2] == [second_sha, first_sha]
     pinned = Path(hf_hub_download(repo, "README.md", revision=first_sha, token=hub_user.token)).read_text()
     latest = Path(hf_hub_download(repo, "README.md", token=hub_user.token)).read_text()
-    assert pinned == old_card and f'from_pretrained("{repo}")' in latest and latest != pinned
+    # push re-renders the card for the repo it goes to: the first commit already names it, the local card did not
+    assert f'from_pretrained("{repo}")' in pinned and 'from_pretrained("your-username/' in old_card
+    assert f'from_pretrained("{repo}")' in latest
 
     # A branch push leaves main alone; the manifest reads back from either.
     branch = push_export(export, repo, token=hub_user.token, revision="experiment", message="on a branch")

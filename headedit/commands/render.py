@@ -92,8 +92,8 @@ def damage_text(damage: Mapping[str, Any] | None) -> str:
     """The general-damage figure in words, or '' when the run has none."""
     if not damage or not isinstance(damage.get("kl_mean"), (int, float)):
         return ""
-    return (f"general damage: KL(edited || intact) of next-token distributions on neutral text = "
-            f"{float(damage['kl_mean']):.4f} nats/token (max {float(damage.get('kl_max', 0.0)):.3f}, "
+    return (f"general damage: {damage.get('direction', 'KL(intact || edited)')} of next-token distributions on "
+            f"neutral text = {float(damage['kl_mean']):.4f} nats/token (max {float(damage.get('kl_max', 0.0)):.3f}, "
             f"{damage.get('tokens', '?')} tokens)")
 
 

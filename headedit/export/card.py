@@ -7,6 +7,7 @@ files; every string is scrubbed so no local path, local user name or token reach
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -163,8 +164,9 @@ def damage_line(validation: dict[str, Any]) -> str | None:
     damage = validation.get("damage")
     if not isinstance(damage, dict) or not isinstance(damage.get("kl_mean"), (int, float)):
         return None
-    return (f"General damage: mean KL divergence of the edited model's next-token distribution from the intact "
-            f"model's on {damage.get('tokens', 'n/a')} tokens of neutral English text ({damage.get('source', 'n/a')}): "
+    return (f"General damage: mean {damage.get('direction', 'KL(intact || edited)')} of the next-token distributions "
+            f"of the intact and the edited model on {damage.get('tokens', 'n/a')} tokens of neutral English text "
+            f"({damage.get('source', 'n/a')}): "
             f"{float(damage['kl_mean']):.4f} nats per token (largest single token "
             f"{float(damage.get('kl_max', 0.0)):.3f}); 0 means the edit left those predictions unchanged.")
 
@@ -350,35 +352,30 @@ def _named_repo(card_text: str) -> str:
     return found.group(1) if found else ""
 
 
-def retarget_card(export_dir: str | Path, repo_id: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Make the export's card name `repo_id` (usage snippet, model-index name) before it is pushed there.
-
-    Only the repo id changes; every figure stays as validated. Returns the (re-hashed) manifest. An export
-    without a card, or whose card already names `repo_id`, is left as it is.
-    """
+def retarget(card_bytes: bytes, manifest: dict[str, Any], repo_id: str) -> tuple[bytes, bytes] | None:
+    """(card, manifest) bytes whose card names `repo_id` (usage snippet, model-index name), or None when the card
+    already does. `push --repo` uploads these instead of the files on disk, so the export folder is never left
+    half-rewritten (a killed push changes nothing locally); only the repo id changes, every figure stays."""
     from huggingface_hub import ModelCard
 
-    export = Path(export_dir)
-    manifest = manifest if manifest is not None else verify_export(export)
-    card_file = export / CARD
-    if not card_file.is_file() or CARD not in (manifest.get("files") or {}):
-        return manifest
-    text = card_file.read_text(encoding="utf-8")
+    text = card_bytes.decode("utf-8")
     old = str((manifest.get("card") or {}).get("repo_id") or _named_repo(text))
     if not old or old == repo_id:
-        return manifest
-    for line in _placeholder_note(old):
-        text = text.replace(line, "")
+        return None
+    text = text.replace(f"\n{_placeholder_note(old)}\n", "\n")
     card = ModelCard(text.replace(f'"{old}"', f'"{repo_id}"').replace(f"`{old}`", f"`{repo_id}`"))
     card.data.model_name = repo_id.split("/")[-1]  # the model-index name is re-serialised from it
-    text = str(card)
-    write_bytes_atomic(card_file, text.encode("utf-8"))
-    return _rehash(export, manifest, [CARD], repo_id)
+    new_card = str(card).encode("utf-8")
+    files = {**(manifest.get("files") or {}), CARD: hashlib.sha256(new_card).hexdigest()}
+    new_manifest = {**manifest, "files": dict(sorted(files.items())), "card": {"repo_id": repo_id}}
+    return new_card, (json.dumps(new_manifest, indent=2) + "\n").encode("utf-8")
 
 
-def _placeholder_note(old: str) -> list[str]:
-    return [f"`{old}` is a placeholder: `headedit push EXPORT --repo NAMESPACE/NAME` writes the real repo id here."]
+def _placeholder_note(old: str) -> str:
+    """The template's line under the usage snippet when it names a placeholder repo (dropped on retarget)."""
+    return (f"`{old}` is a placeholder: `headedit push EXPORT --repo NAMESPACE/NAME` uploads this card with that repo "
+            "here.")
 
 
-__all__ = ["render_card", "write_card", "retarget_card", "scrub", "template_path", "placeholder_repo_id",
+__all__ = ["render_card", "write_card", "retarget", "scrub", "template_path", "placeholder_repo_id",
            "repo_name", "dataset_of", "damage_line", "HUB_DATASETS"]

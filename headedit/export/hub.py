@@ -7,6 +7,7 @@ is decided and checked by `headedit.export.outgoing` before a byte is sent.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -179,6 +180,21 @@ def check_account(api: Any, repo_id: str) -> None:
                        "push to your own namespace, e.g. --repo YOUR_NAME/" + repo_id.split("/", 1)[1])
 
 
+def _retarget_card(opened: dict[str, Any], manifest: dict[str, Any], repo_id: str) -> None:
+    """Upload the card re-rendered for `repo_id` (and the manifest hashing it) instead of the verified files,
+    read from those same handles; the export folder on disk is not changed."""
+    from headedit.export.card import CARD, retarget  # the card module loads only when pushing
+
+    if CARD not in opened:
+        return
+    renamed = retarget(opened[CARD].read(), manifest, repo_id)
+    opened[CARD].seek(0)
+    if renamed is not None:
+        for name, data in zip((CARD, MANIFEST), renamed):
+            opened[name].close()
+            opened[name] = io.BytesIO(data)
+
+
 def push_export(
     export_dir: str | Path,
     repo_id: str,
@@ -205,6 +221,7 @@ def push_export(
         reporter(Log(f"not uploaded (not listed in {MANIFEST}): {', '.join(extra)}", level="warning"))
     secret = hub_token(token)
     opened = open_verified(export, manifest, secret)  # each file read once: sha256 and secret scan on that read
+    _retarget_card(opened, manifest, repo_id)
     reporter(StageProgress("push", done=1, total=3))
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.utils import (

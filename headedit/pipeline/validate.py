@@ -19,6 +19,9 @@ import numpy as np
 from headedit.discovery.scorer import Cancelled
 from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.model.heads import format_heads, parse_heads
+from headedit.engine.damage import measure as measure_damage
+from headedit.engine.damage import no_damage
+from headedit.engine.damage import reference as damage_reference
 from headedit.export.bake import bake
 from headedit.pipeline.loaded import load_for, load_split
 from headedit.runs import VALIDATION_FILE, Journal, Run
@@ -91,6 +94,8 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
 
         intact = {t.name: _bits(journal, loaded.engine, t, splits[t.name], _split_key(t.name, tasks[0].name), "",
                                 "validate:intact", tick, cancel) for t in tasks}
+        # general damage: the intact model's next-token predictions on neutral text, compared after the bake
+        neutral = damage_reference(loaded.model, loaded.tokenizer) if heads else None
         if heads:
             del loaded
             gc.collect()
@@ -104,11 +109,13 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
                 edited = {t.name: _bits(journal, edited_model.engine, t, splits[t.name],
                                         _split_key(t.name, tasks[0].name), heads, "validate:baked", tick, cancel)
                           for t in tasks}
+                damage = measure_damage(neutral, edited_model.model, edited_model.tokenizer)
                 del edited_model
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
             edited = intact
+            damage = no_damage()
     alpha = recipe.validation.alpha
     rows = []
     for t in tasks:
@@ -124,6 +131,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         "gain_points": main["gain_points"], "relative_error_reduction": main["relative_error_reduction"],
         "ci95_points": main["ci95_points"], "mcnemar_p": main["mcnemar_p"], "passed": passed, "verdict": text,
         "edited_source": "baked checkpoint, reloaded" if heads else "intact",
+        "damage": damage,
         "side_tasks": [{k: v for k, v in r.items() if k != "relative_error_reduction"} for r in rows[1:]],
     }
     run.write(VALIDATION_FILE, result)
