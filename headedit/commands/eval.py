@@ -14,8 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from headedit.errors import HeadeditError, TaskError
-from headedit.model.heads import format_heads, parse_heads
+from headedit.errors import HeadeditError
 
 
 def add_parser(sub: Any) -> None:
@@ -40,47 +39,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chat", action="store_true", help="format prompts with the model's chat template")
     p.add_argument("--no-thinking", action="store_true", help="chat template argument enable_thinking=False")
     p.set_defaults(func=run)
-
-
-def evaluate(
-    model: Any, tokenizer: Any, layout: Any, task_name: str, split: str, limit: int | None = None,
-    heads: str = "", data_dir: str | None = None, seed: int = 0, batch_size: int = 16,
-    chat: bool = False, chat_template_kwargs: dict | None = None, log_samples: bool = False,
-) -> dict[str, Any]:
-    """The numbers `headedit eval` prints and writes (with `log_samples`, also `samples`: one record per example)."""
-    from headedit.engine.core import Engine
-    from headedit.stats import wilson_interval
-    from headedit.tasks import get_task
-    from headedit.tasks.source import task_source
-
-    if limit is not None and limit < 1:
-        raise HeadeditError(f"--limit must be at least 1, got {limit}", "e.g. --limit 100")
-    if batch_size < 1:
-        raise HeadeditError(f"--batch-size must be at least 1, got {batch_size}", "e.g. --batch-size 16")
-    head_set = parse_heads(heads, layout)
-    task = get_task(task_name)
-    loaded = task.load(split, None, seed, Path(data_dir) if data_dir else None)  # type: ignore[arg-type]
-    examples = list(loaded.examples)[:limit] if limit else list(loaded.examples)
-    if not examples:
-        raise TaskError(f"the {split} split of {task.name} has no examples ({loaded.source})",
-                        "check the data file or folder the task reads")
-    engine = Engine(model, tokenizer, layout, batch_size=batch_size, chat=chat, chat_template_kwargs=chat_template_kwargs)
-    correct = engine.correctness(task, examples, [head_set])[0]
-    n, k = len(examples), int(correct.sum())
-    lo, hi = wilson_interval(k, n)
-    lo, hi = min(lo, k / n if n else 0.0), max(hi, k / n if n else 1.0)  # float rounding at 0 and 1
-    result: dict[str, Any] = {
-        "task": task.name, "dataset_id": task.dataset_id, "split": split, "metric": task.metric,
-        "heads": format_heads(head_set), "n": n, "correct": k, "accuracy": k / n if n else 0.0,
-        "ci95": [lo, hi], "source": loaded.source, "note": loaded.note, "task_source": task_source(task),
-        "seed": seed, "limit": limit,
-        "examples": [{"index": ex.index, "correct": bool(c)} for ex, c in zip(examples, correct)],
-    }
-    if log_samples:
-        from headedit.tasks.samples import sample_records
-
-        result["samples"] = sample_records(engine, task, examples, head_set, correct)
-    return result
 
 
 def provenance(args: argparse.Namespace, model: Any) -> dict[str, Any]:
@@ -126,7 +84,9 @@ def check_out_folder(path: str | None, option: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
+    from headedit.commands.progress import reporter_for
     from headedit.model.loading import load_model
+    from headedit.pipeline.evaluate import evaluate_loaded  # the library function (also headedit.evaluate)
     from headedit.tasks import get_task
 
     check_out_folder(args.json_out, "--json")
@@ -134,9 +94,10 @@ def run(args: argparse.Namespace, console: Any) -> int:
     get_task(args.task)  # a bad task (file) fails before the model loads
     model, tokenizer, layout = load_model(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
     kwargs = {"enable_thinking": False} if args.no_thinking else None
-    result = evaluate(model, tokenizer, layout, args.task, args.split, args.limit, args.heads, args.data_dir,
-                      args.seed, args.batch_size, chat=args.chat or args.no_thinking, chat_template_kwargs=kwargs,
-                      log_samples=bool(args.samples_out))
+    with reporter_for(console) as reporter:
+        result = evaluate_loaded(model, tokenizer, layout, args.task, args.split, args.limit, args.heads,
+                                 args.data_dir, args.seed, args.batch_size, chat=args.chat or args.no_thinking,
+                                 chat_template_kwargs=kwargs, log_samples=bool(args.samples_out), reporter=reporter)
     samples = result.pop("samples", None)
     lo, hi = result["ci95"]
     heads = result["heads"] or "none (intact)"
