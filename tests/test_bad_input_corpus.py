@@ -123,11 +123,11 @@ def model_pickle_only(case: Path, shared: Shared) -> None:
 
 
 def model_no_o_proj(case: Path, shared: Shared) -> None:
-    """A real GPT-2 checkpoint: fused c_attn/c_proj, no per-layer self_attn.o_proj."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """A real Mamba checkpoint: no attention heads at all, so nothing headedit could zero."""
+    from transformers import MambaConfig, MambaForCausalLM
 
-    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=32, vocab_size=64)
-    GPT2LMHeadModel(config).save_pretrained(case / "m")
+    config = MambaConfig(num_hidden_layers=1, hidden_size=16, state_size=4, vocab_size=64)
+    MambaForCausalLM(config).save_pretrained(case / "m")
 
 
 def model_remote_code(case: Path, shared: Shared) -> None:

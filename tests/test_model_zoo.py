@@ -346,3 +346,18 @@ def test_zoo_covers_thirty_types_and_the_brief() -> None:
     assert set(types) | set(REFUSED) | set(NOT_VERIFIED) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     assert not set(types) & (set(REFUSED) | set(NOT_VERIFIED))
     assert 6 <= sum(f.fast for f in FAMILIES) <= 10
+
+
+def test_readme_support_table_is_generated() -> None:
+    """README's table is exactly what scripts/support_table.py prints from the lists above."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("support_table", root / "scripts" / "support_table.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    expected = script.table(sys.modules[__name__])
+    assert script.readme_table((root / "README.md").read_text(encoding="utf-8")) == expected, (
+        "README's support table is stale: run `python scripts/support_table.py --write`")
+    assert expected.count("| supported") == len(FAMILIES) >= 30

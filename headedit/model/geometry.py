@@ -621,13 +621,13 @@ def _map_keys(geometry: HeadGeometry, keys: list[str]) -> dict[int, str]:
         if layer in found:
             continue
         parts = target.split(".")
-        for cut in range(1, len(parts) - 3):
+        index = parts.index(str(layer))  # the tail keeps the layer list's name and the layer's index
+        for cut in range(1, index):
             tail = ".".join(parts[cut:])
             hits = [k for k in keys if k == tail or k.endswith("." + tail)]
             if len(hits) == 1:
                 found[layer] = hits[0]
-                break
-            if not hits:
+            if hits:  # found, or ambiguous: a shorter tail would only match more
                 break
     return found
 
