@@ -50,9 +50,15 @@ def run(args: argparse.Namespace, console: Any) -> int:
     except HeadeditError as err:
         if not (run_dir / VALIDATION_FILE).is_file():
             raise
-        finish = f"headedit export {run_dir} --out {target}" + (f" --push {push}" if push else "")
+        manifest = target / "headedit.json"
+        exported_now = manifest.is_file() and manifest.stat().st_mtime >= (run_dir / VALIDATION_FILE).stat().st_mtime
+        if push and exported_now:  # this run's export is written; the push failed
+            finish = f"headedit push {target} --repo {push}"
+        else:
+            finish = f"headedit export {run_dir} --out {target}" + (f" --push {push}" if push else "")
         hint = f"{err.hint}; " if err.hint else ""
-        raise type(err)(err.message, f"{hint}the validated run {run_dir} is kept: `{finish}` finishes it") from None
+        kept = f"the export {target} is written" if finish.startswith("headedit push") else f"the validated run {run_dir} is kept"
+        raise type(err)(err.message, f"{hint}{kept}: `{finish}` finishes it") from None
     console.print(render_validation(result))
     console.print(result["verdict"], soft_wrap=True, markup=False, highlight=False)
     console.print(f"export: {exported if exported else '(none: no heads selected)'}", soft_wrap=True, markup=False,
