@@ -36,7 +36,7 @@ def demo_available() -> bool:
         return False
 
 
-from .conftest import wait_workers
+from .conftest import screen_text, wait_workers
 
 
 async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -81,6 +81,9 @@ async def test_full_flow_from_the_keyboard(tmp_path: Path, monkeypatch: pytest.M
         await wait_workers(pilot)
         assert app.errors == [], app.errors
         assert discovery.state == "done"
+        await pilot.pause()
+        footer = screen_text(app).splitlines()[-1]  # the keys follow the state: nothing left to cancel or resume
+        assert "Candidates" in footer and "Cancel" not in footer and "Resume" not in footer, footer
         heatmap = discovery.query_one(HeadHeatmap)
         assert heatmap.scored == n_layers * n_heads
         run_dir = discovery.run_dir
@@ -185,6 +188,12 @@ async def test_push_error_opens_modal_and_keeps_export(tmp_path: Path, monkeypat
         screen = PublishScreen(run, export_dir=export, repo_id=f"{hub_user.name}/refused", start=False)
         await app.push_screen(screen)
         await wait_workers(pilot)
+        card = screen.query_one("#card")
+        for _ in range(100):  # the preview's blocks are mounted after the worker ends
+            if card.size.height:
+                break
+            await pilot.pause(0.05)
+        assert card.size.height > 0 and card.source.splitlines()[0].lstrip("# ") in screen_text(app)
         await pilot.press("ctrl+p")
         await wait_workers(pilot)
         assert isinstance(app.screen, ErrorModal)
@@ -248,6 +257,9 @@ max_heads = 2
         await wait_workers(pilot)
         assert screen.state == "cancelled" and app.errors == []
         assert "r resumes" in str(screen.query_one("#run-status").render())
+        await pilot.pause()
+        footer = screen_text(app).splitlines()[-1]
+        assert "Resume" in footer and "Cancel" not in footer and "Candidates" not in footer, footer
         assert (run_dir / "journal.sqlite").is_file() and not (run_dir / "selection.json").exists()
         from headedit.runs import Journal
 

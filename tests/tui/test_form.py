@@ -142,13 +142,27 @@ async def test_action_keys_are_not_typed_into_the_head_set_box(tmp_path: Path) -
         await pilot.press(*"1.1", "x", "e")
         await pilot.pause()
         assert field.value == "1.1" and error_text(screen, "set") == ""
-        assert "evaluating 1.1" in str(screen.query_one("#set-summary").render())
         await wait_workers(pilot)
         assert app.errors == [], app.errors
         row = screen.query_one("CandidateTable").rows_data["1.1"]
         assert row["note"] == HAND_MARK and row["n"] == 200 and 0.0 <= row["acc"] <= 1.0
         await pilot.press("a")
         assert field.value == "0.1,1.2" and screen.current == "0.1,1.2"
+
+
+def test_recipe_errors_reach_their_field_as_data() -> None:
+    """The field comes from RecipeError.field, whatever the message says."""
+    from headedit.errors import RecipeError
+
+    assert form.error_field(RecipeError("anything at all", field="task.heldout")) == "heldout"
+    assert form.error_field(RecipeError("recipe x: task.name is missing")) == ""  # no field: the form-wide line
+    assert form.error_field(RecipeError("...", field="validation.alpha")) == ""  # not on the form
+    try:
+        parse_recipe(RECIPE.replace('device = "cpu"', 'device = "cpu"\ndtype = "float64"'), check_tasks=False)
+    except RecipeError as err:
+        assert err.field == "model.dtype" and form.error_field(err) == "dtype"
+    else:
+        raise AssertionError("float64 is not a dtype headedit accepts")
 
 
 def test_form_text_is_the_recipe_verbatim_until_edited(tmp_path: Path) -> None:
