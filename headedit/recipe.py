@@ -24,9 +24,9 @@ from headedit.errors import HeadeditError, RecipeError
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCREENS = ("single", "compressed", "gradient")
 SEARCHES = ("greedy", "exhaustive")
+OBJECTIVES = ("accuracy", "margin", "logprob")  # headedit/discovery/objective.py defines them
 DEMO_MODEL_ID = "headedit:demo"  # resolved by the CLI to the checkpoint committed in headedit/demo/model
 MAX_SIZE = 10_000_000  # sanity bound on any count; real limits come from the data and the model
-OBJECTIVES = ("accuracy", "margin", "logprob")  # headedit/discovery/objective.py defines them
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda|cuda:\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -70,6 +70,9 @@ class DiscoverySpec:
     compressed_fraction: float = 0.05  # share of all heads knocked out by each compressed set
     first_additions_all_heads: bool = False
     seed: int = 0
+    objective: str = "margin"  # what screens, early stop and search rank and test by (docs/discovery.md)
+    alpha: float = 0.05  # a search step needs p < alpha / (sets it was chosen among); 1 = no test
+    screen_rows: int = 0  # > 0: the screen uses the first rows, the search the rest (a smaller multiplicity)
 
     def compressed_set_count(self, total_heads: int) -> int:
         """Sets the compressed screen evaluates; `auto` = half the heads, at least 32 (plan and screen share this)."""
@@ -83,8 +86,6 @@ class ValidationSpec:
     side_tasks: tuple[str, ...] = ()
     bootstrap: int = 10_000  # paired bootstrap resamples for the gain's interval
     alpha: float = 0.05  # 1 - confidence of the interval; also the McNemar threshold for "gain held"
-    objective: str = "margin"  # what screens, early stop and search rank and test by (docs/discovery.md)
-    alpha: float = 0.05  # a search step needs p < alpha / (sets it was chosen among); 1 = no test
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,17 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
         first_additions_all_heads=_get(ctx, d, "first_additions_all_heads", p, _bool, "true or false",
                                        dd.first_additions_all_heads, "false"),
         seed=_get(ctx, d, "seed", p, _int_range(0, 2**63 - 1), "a non-negative integer", dd.seed, "0"),
+        objective=_get(ctx, d, "objective", p, _choice(OBJECTIVES), "one of " + "|".join(OBJECTIVES), dd.objective,
+                       '"margin"'),
+        alpha=_get(ctx, d, "alpha", p, _float_range(0.0, 1.0, lo_open=True), "a probability in (0, 1]", dd.alpha,
+                   "0.05"),
+        screen_rows=_get(ctx, d, "screen_rows", p, _int_range(0, MAX_SIZE), f"an integer 0..{MAX_SIZE}",
+                         dd.screen_rows, "200"),
     )
+    if discovery.screen_rows and discovery.screen_rows >= task.discovery:
+        raise ctx.fail("discovery.screen_rows", f"({discovery.screen_rows}) must be below task.discovery "
+                       f"({task.discovery})", "the search needs rows of its own: lower screen_rows or raise "
+                       "task.discovery (0 = screen and search share every row)")
     if discovery.max_heads > discovery.candidates:
         raise ctx.fail("discovery.max_heads", f"({discovery.max_heads}) exceeds discovery.candidates "
                        f"({discovery.candidates})", "a selected set is drawn from the candidates: lower it or raise candidates")
@@ -416,7 +427,3 @@ __all__ = [
     "Recipe", "ModelSpec", "TaskSpec", "DiscoverySpec", "ValidationSpec", "ExportSpec", "RecipeError",
     "load_recipe", "parse_recipe", "DTYPES", "SCREENS", "SEARCHES", "OBJECTIVES", "DEMO_MODEL_ID",
 ]
-        objective=_get(ctx, d, "objective", p, _choice(OBJECTIVES), "one of " + "|".join(OBJECTIVES), dd.objective,
-                       '"margin"'),
-        alpha=_get(ctx, d, "alpha", p, _float_range(0.0, 1.0, lo_open=True), "a probability in (0, 1]", dd.alpha,
-                   "0.05"),

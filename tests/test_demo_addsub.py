@@ -144,15 +144,29 @@ def test_discovery_finds_the_planted_heads_and_the_hidden_half_only_through_all_
     assert PAIR_HIDDEN not in parse_heads(plain_selection["heads"])
 
 
-@pytest.mark.parametrize("objective", ["margin", "accuracy"])
-def test_planted_heads_found_on_200_discovery_rows(tmp_path, objective):
-    """A fifth of the shipped discovery split still carries enough evidence for every planted head."""
-    text = RECIPE.read_text().replace("discovery = 1000", "discovery = 200")
-    text = text.replace("[discovery]\n", f'[discovery]\nobjective = "{objective}"\n')
-    selection, _, search = _discover(text, tmp_path / "small")
+@pytest.mark.parametrize("objective,screen_rows", [("margin", 0), ("accuracy", 0), ("margin", 100)])
+def test_planted_heads_found_on_200_discovery_rows(tmp_path, objective, screen_rows):
+    """A fifth of the shipped discovery split still carries enough evidence for every planted head; also when the
+    screen gets 100 rows of its own and the search (with its tests) 200 others."""
+    total = 200 + screen_rows
+    text = RECIPE.read_text().replace("discovery = 1000", f"discovery = {total}")
+    text = text.replace("[discovery]\n", f'[discovery]\nobjective = "{objective}"\nscreen_rows = {screen_rows}\n')
+    selection, screen, search = _discover(text, tmp_path / "small")
     assert selection["n"] == 200 and selection["found"] and selection["objective"] == objective
     assert set(PLANTED) <= set(parse_heads(selection["heads"])), selection["heads"]
     assert [step["accepted"] for step in search["steps"]] == [True] * len(PLANTED)
+    if screen_rows:
+        from headedit.runs import Journal
+
+        assert screen["n"] == screen_rows and selection["screen_rows"] == screen_rows
+        assert "the screen chose the candidates on other rows" in search["rule"]
+        # the first two additions draw from every head (8, then 13 sets of two); the third only from the 3
+        # candidates: at most 2 beam sets x 2 candidates not in them, not the 2 x 6 of all heads
+        families = [step["family"] for step in search["steps"]]
+        assert families[:2] == [8, 13] and families[2] <= 4
+        with Journal(tmp_path / "small" / "journal.sqlite") as journal:
+            assert {e.split for e in journal.entries()} == {"discovery", "discovery:search"}
+            assert all(e.n == 200 for e in journal.entries("discovery:search"))
 
 
 # ---- the training script -------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import discovery_fixtures as F  # noqa: E402  (registers coin-test)
+
 from headedit.discovery import evidence  # noqa: E402
 from headedit.discovery.early_stop import EarlyStop  # noqa: E402
 from headedit.discovery.scorer import Scorer  # noqa: E402

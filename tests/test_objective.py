@@ -3,6 +3,7 @@ computation, journaled compatibly (format-1 journals still open and are upgraded
 attributed exactly by the gradient screen."""
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import discovery_fixtures as F  # noqa: E402  (registers coin-test)
+import discovery_fixtures  # noqa: E402, F401  (registers coin-test)
+
 from headedit.bench.eval import synthetic_hellaswag  # noqa: E402
 from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 from headedit.discovery.objective import effective, summary  # noqa: E402
@@ -172,9 +174,11 @@ def test_recipe_objective_and_alpha_are_validated():
     base = 'name = "t"\n[model]\nid = "m"\n[task]\nname = "boolq"\n[discovery]\n'
     assert parse_recipe(base).discovery.objective == "margin"
     assert parse_recipe(base + 'objective = "logprob"\nalpha = 1.0').discovery.alpha == 1.0
+    assert parse_recipe(base.replace('"boolq"\n', '"boolq"\ndiscovery = 300\n') + "screen_rows = 100").discovery.screen_rows == 100
     for bad, field in (('objective = "loss"', "discovery.objective"), ("objective = 1", "discovery.objective"),
                        ("alpha = 0", "discovery.alpha"), ("alpha = 1.5", "discovery.alpha"),
-                       ('alpha = "x"', "discovery.alpha")):
+                       ('alpha = "x"', "discovery.alpha"), ("screen_rows = -1", "discovery.screen_rows"),
+                       ("screen_rows = 2000", "discovery.screen_rows")):
         with pytest.raises(RecipeError) as err:
             parse_recipe(base + bad)
         assert field in str(err.value) and "\n" not in str(err.value)
@@ -221,3 +225,27 @@ def test_validation_summary_of_the_objective():
     assert 0.1 < s["gain"] < 0.3 and s["p_one_sided"] < 1e-10
     flat = summary("logprob", a, a)
     assert flat["gain"] == 0.0 and flat["p_one_sided"] == 1.0
+
+
+def test_sharded_evaluator_carries_the_objective(monkeypatch):
+    """Shard.wrap with values: a one-process gloo group gathers (bits, values) as the scorer expects."""
+    import torch.distributed as dist
+
+    from headedit.pipeline.parallel import Shard
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        rng = np.random.default_rng(2)
+        bits, values = rng.random((3, 10)) < 0.5, rng.normal(size=(3, 10)).astype(np.float32)
+
+        def evaluator(sets, start, stop):
+            return bits[: len(sets), start:stop], values[: len(sets), start:stop]
+
+        got_bits, got_values = Shard("cpu").wrap(evaluator, with_values=True)([(), (), ()], 2, 9)
+        assert np.array_equal(got_bits, bits[:, 2:9]) and np.array_equal(got_values, values[:, 2:9])
+        plain = Shard("cpu").wrap(lambda sets, a, b: bits[: len(sets), a:b])([(), ()], 0, 10)
+        assert np.array_equal(plain, bits[:2])
+    finally:
+        dist.destroy_process_group()

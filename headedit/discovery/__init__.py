@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from headedit.events import Reporter, null_reporter
 from headedit.discovery.early_stop import EarlyStop
 from headedit.discovery.scorer import Cancelled, EvalFn, Scorer
 from headedit.discovery.search import SearchResult, SearchSpec, joint_search
 from headedit.discovery.table import ScreenResult, topk_overlap
+from headedit.events import Reporter, null_reporter
 
 
 def run_screen(

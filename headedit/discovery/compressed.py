@@ -10,11 +10,11 @@ import warnings
 
 import numpy as np
 
-from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.model.heads import Head, HeadLayout, format_heads
 from headedit.discovery.objective import describe, scale, unit
 from headedit.discovery.scorer import Scorer
 from headedit.discovery.table import ScreenResult
+from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import Head, HeadLayout, format_heads
 
 STAGE = "screen:compressed"
 

@@ -4,12 +4,14 @@ The test (per discovery example, candidate minus current best):
 - accuracy: the exact sign test on the discordant examples (one-sided exact McNemar: fixed vs broken);
 - margin / logprob: the paired t-test on the per-example differences of the objective.
 
-Multiplicity: the step's best set was picked among many, and the screen that chose the candidate pool looked at
-the same discovery examples, so the family is every set the step could have produced with *any* head as the
+Multiplicity: the step's best set was picked among many, and when the screen that chose the candidate pool looked
+at the same discovery examples, the family is every set the step could have produced with *any* head as the
 addition (greedy: the beam's expansions over all heads; exhaustive: every subset of that size of all heads), not
-just the pool. Bonferroni over that family (Holm's first step) keeps the chance that pure noise passes a step
-below `alpha`, whatever the screen did; the first step, which decides "found" vs "no set found", is exactly
-controlled. The objective must rise at all, and `min_gain` > 0 adds a floor in discovery-accuracy points over the
+just the pool. With `discovery.screen_rows` the screen sees other rows than the search, the pool is fixed before
+the search's rows are looked at, and the family is only the sets the step tried (the pool's expansions).
+Bonferroni over the family (Holm's first step) keeps the chance that pure noise passes a step below `alpha`,
+whatever the screen did; the first step, which decides "found" vs "no set found", is exactly controlled (later
+steps build on a base set chosen on the same rows, so their level is approximate). The objective must rise at all, and `min_gain` > 0 adds a floor in discovery-accuracy points over the
 current best (0, the default, leaves accuracy free: at small n a real margin gain can lose a row by chance).
 """
 from __future__ import annotations
@@ -99,9 +101,13 @@ def decide(objective: str, alpha: float, min_gain: float, size: int, family: int
     return Step(size, format_heads(best), format_heads(vs), obj_gain, acc_gain, p, family, threshold, accepted, why)
 
 
-def rule(objective: str, alpha: float, min_gain: float) -> str:
+def rule(objective: str, alpha: float, min_gain: float, independent_pool: bool = False) -> str:
     if alpha >= 1.0:
         evidence = "no significance test (alpha = 1)"
+    elif independent_pool:
+        evidence = (f"{describe_test(objective)} vs the current best set on the search's own rows, at alpha "
+                    f"{alpha:g} Bonferroni-corrected over the sets the step tried (the screen chose the candidates "
+                    "on other rows)")
     else:
         evidence = (f"{describe_test(objective)} vs the current best set, at alpha {alpha:g} Bonferroni-corrected over "
                     "every set the step could have produced with any head as the addition (the candidate pool was "

@@ -14,12 +14,12 @@ from typing import Any, Sequence
 
 import torch
 
-from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.model.heads import HeadLayout
-from headedit.tasks.base import Example, Task
 from headedit.discovery.objective import effective
 from headedit.discovery.scorer import Scorer
 from headedit.discovery.table import ScreenResult
+from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import HeadLayout
+from headedit.tasks.base import Example, Task
 
 STAGE = "screen:gradient"
 

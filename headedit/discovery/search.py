@@ -54,12 +54,13 @@ class SearchSpec:
     prune: bool = True  # exact bound pruning (module docstring; accuracy objective); the selection is unchanged
     prune_chunk: int = 32  # first look, in examples (a multiple of the engine's batch keeps its caches warm)
     alpha: float = DEFAULT_ALPHA  # one-sided test level per step, before the multiplicity correction; 1 = no test
+    independent_pool: bool = False  # the screen saw other rows than the search: the family is the sets tried
 
     @classmethod
     def from_recipe(cls, d: Any) -> SearchSpec:
         return cls(d.search, d.beam, d.max_heads, d.min_gain, d.exhaustive_size, d.first_additions_all_heads,
                    bool(getattr(d, "prune", True)), int(getattr(d, "prune_chunk", 32)),
-                   float(getattr(d, "alpha", DEFAULT_ALPHA)))
+                   float(getattr(d, "alpha", DEFAULT_ALPHA)), bool(getattr(d, "screen_rows", 0)))
 
     def rule(self, k: int, objective: str = "accuracy") -> str:
         pool = f"candidates: the {k} highest screen scores (even if zero or negative)"
@@ -74,7 +75,7 @@ class SearchSpec:
         stop = (f"the search stops at the first step not accepted (exhaustive: after its sizes, if none was) or at "
                 f"{self.max_heads} heads; selection = the last accepted set, none when no step is accepted; ranking "
                 "ties: fewer heads, then head text")
-        rule = f"{pool}; {how}; {evidence.rule(objective, self.alpha, self.min_gain)}; {stop}"
+        rule = f"{pool}; {how}; {evidence.rule(objective, self.alpha, self.min_gain, self.independent_pool)}; {stop}"
         if self.prune and objective == "accuracy":
             rule += (f"; exact pruning: sets scored on {self.prune_chunk}, {2 * self.prune_chunk}, ... examples, a set "
                      "dropped once its correct count plus its unseen examples is below the final count of the "
@@ -250,7 +251,8 @@ def joint_search(
     start = 1
     if spec.method == "exhaustive":
         size_cap = min(spec.exhaustive_size, spec.max_heads, len(pool))
-        family = sum(evidence.exhaustive_family(len(all_heads), k) for k in range(1, size_cap + 1))
+        universe = len(pool) if spec.independent_pool else len(all_heads)
+        family = sum(evidence.exhaustive_family(universe, k) for k in range(1, size_cap + 1))
         last: list[tuple[tuple[Head, ...], float]] = []
         for size in range(1, size_cap + 1):
             need = spec.beam if size == size_cap and size < spec.max_heads else 1
@@ -271,7 +273,8 @@ def joint_search(
             break
         scored = evaluate([expansions[k] for k in sorted(expansions)], spec.beam if size < spec.max_heads else 1)
         reporter(StageProgress(STAGE, size, spec.max_heads))
-        if not accept(size, scored, evidence.greedy_family(beam, all_heads)):
+        family = evidence.greedy_family(beam, pool_for(size) if spec.independent_pool else all_heads)
+        if not accept(size, scored, family):
             break
         best = scored[0][0]
         beam = [s for s, _ in scored[: spec.beam]]

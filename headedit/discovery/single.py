@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.model.heads import Head, HeadLayout
 from headedit.discovery.early_stop import EarlyStop
 from headedit.discovery.objective import describe, scale, unit
 from headedit.discovery.scorer import Scorer
 from headedit.discovery.table import ScreenResult
+from headedit.events import HeadScored, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.heads import Head, HeadLayout
 
 STAGE = "screen:single"
 

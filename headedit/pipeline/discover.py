@@ -23,13 +23,27 @@ from headedit.errors import HeadeditError, RunError
 from headedit.events import Log, Reporter, null_reporter
 from headedit.model.heads import format_heads
 from headedit.pipeline.loaded import (
-    DISCOVERY, early_stop_for, load_for, load_split, open_or_create_run, scorer_for,
+    DISCOVERY,
+    early_stop_for,
+    load_for,
+    load_split,
+    open_or_create_run,
+    scorer_for,
 )
 from headedit.pipeline.parallel import (
-    STAGE_FILES, MirrorJournal, RunMirror, Shard, active, init_process_group, rank, broadcast,
+    STAGE_FILES,
+    MirrorJournal,
+    RunMirror,
+    Shard,
+    active,
+    broadcast,
+    init_process_group,
+    rank,
 )
 from headedit.recipe import Recipe, parse_recipe
 from headedit.runs import RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, Journal, Run, environment
+
+SEARCH_SPLIT = "discovery:search"  # journal split of the search's own rows when discovery.screen_rows > 0
 
 
 def discover(
@@ -68,21 +82,30 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
     if objective != recipe.discovery.objective:
         reporter(Log(f"objective: {loaded.task.name} is a generated task, so discovery ranks by accuracy "
                      f"(discovery.objective = {recipe.discovery.objective!r} needs scored answers)"))
-    scorer = scorer_for(loaded, journal, DISCOVERY, examples, reporter, cancel, shard, objective=objective)
+    # discovery.screen_rows > 0: the screen sees only the first rows and the search (and its tests) only the rest,
+    # so the candidate pool is independent of the rows that judge it (evidence.py: a smaller family)
+    cut = recipe.discovery.screen_rows
+    screen_rows, search_rows = (examples[:cut], examples[cut:]) if cut else (examples, examples)
+    scorer = scorer_for(loaded, journal, DISCOVERY, screen_rows, reporter, cancel, shard, objective=objective)
+    search_scorer = scorer if not cut else scorer_for(loaded, journal, SEARCH_SPLIT, search_rows, reporter, cancel,
+                                                      shard, objective=objective)
     if run.has(SCREEN_FILE):
         screen = ScreenResult.from_json(run.read(SCREEN_FILE))
         reporter(Log(f"screen: reusing {SCREEN_FILE} ({screen.method})"))
     else:
-        screen = run_screen(recipe, loaded, scorer, examples, early_stop_for(recipe, len(examples)), reporter)
+        screen = run_screen(recipe, loaded, scorer, screen_rows, early_stop_for(recipe, len(screen_rows)), reporter)
         run.write(SCREEN_FILE, screen.to_json())
     if run.has(SELECTION_FILE) and run.has(SEARCH_FILE):
         reporter(Log(f"search: reusing {SELECTION_FILE}"))
         return
     spec = SearchSpec.from_recipe(recipe.discovery)
     candidates = screen.top(recipe.discovery.candidates)
-    result = joint_search(scorer, candidates, loaded.layout.all_heads(), spec, reporter)
+    result = joint_search(search_scorer, candidates, loaded.layout.all_heads(), spec, reporter)
     run.write(SEARCH_FILE, result.to_json())
-    run.write(SELECTION_FILE, selection_record(result, len(examples), screen.method, spec.alpha))
+    record = selection_record(result, len(search_rows), screen.method, spec.alpha)
+    if cut:
+        record.update(screen_rows=cut, search_split=SEARCH_SPLIT)
+    run.write(SELECTION_FILE, record)
     if not result.found:
         reporter(Log(f"{result.reason}; nothing will be exported (export --force bakes the best rejected set)"))
 

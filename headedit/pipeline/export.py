@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 from headedit.atomic import atomic_dir
-from headedit.export.bake import bake_into, write_manifest
 from headedit.errors import ExportError, RunError
 from headedit.events import Log, Reporter, null_reporter
+from headedit.export.bake import bake_into, write_manifest
 from headedit.export.card import write_card
 from headedit.export.hub import check_account, check_repo_id, hub_errors, hub_token, push_export, validation_passed
 from headedit.model.loading import resolve_model
