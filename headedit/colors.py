@@ -4,6 +4,11 @@ red = it hurts, grey = no change; diverging and symmetric around 0, in accuracy 
 The scale is stepped, not continuous: LEVELS steps per side, square-root spaced (a +3 point head next to a
 +95 point head still gets its own colour), every step an exact xterm-256 cube colour, so a 256-colour
 terminal shows exactly these colours and never merges neighbouring steps into one grey. No UI imports.
+
+Use: vmax = scale_max(all deltas); a cell is delta_rgb(points, vmax) with ink_rgb(that) for its text. A colour
+bar is legend_stops(vmax): (low, high, rgb) per step from -vmax to +vmax, e.g. for matplotlib
+ListedColormap([[c / 255 for c in rgb] for _, _, rgb in stops]) with BoundaryNorm([lo for lo, _, _ in stops] +
+[vmax], len(stops)).
 """
 from __future__ import annotations
 
