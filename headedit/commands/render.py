@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich import box
@@ -138,7 +139,7 @@ class ValidationTable(FitTable):
 
     def __init__(self, result: Mapping[str, Any]) -> None:
         self.result = result
-        super().__init__([lambda labels=labels: self.table(labels) for labels in _LABELS], self.lines)
+        super().__init__([partial(self.table, labels) for labels in _LABELS], self.lines)
 
     def table(self, labels: _Labels) -> Table:
         result = self.result

@@ -356,7 +356,7 @@ def retarget(card_bytes: bytes, manifest: dict[str, Any], repo_id: str) -> tuple
     """(card, manifest) bytes whose card names `repo_id` (usage snippet, model-index name), or None when the card
     already does. `push --repo` uploads these instead of the files on disk, so the export folder is never left
     half-rewritten (a killed push changes nothing locally); only the repo id changes, every figure stays."""
-    from huggingface_hub import ModelCard
+    from huggingface_hub import ModelCard, ModelCardData
 
     text = card_bytes.decode("utf-8")
     old = str((manifest.get("card") or {}).get("repo_id") or _named_repo(text))
@@ -364,6 +364,7 @@ def retarget(card_bytes: bytes, manifest: dict[str, Any], repo_id: str) -> tuple
         return None
     text = text.replace(f"\n{_placeholder_note(old)}\n", "\n")
     card = ModelCard(text.replace(f'"{old}"', f'"{repo_id}"').replace(f"`{old}`", f"`{repo_id}`"))
+    assert isinstance(card.data, ModelCardData)
     card.data.model_name = repo_id.split("/")[-1]  # the model-index name is re-serialised from it
     new_card = str(card).encode("utf-8")
     files = {**(manifest.get("files") or {}), CARD: hashlib.sha256(new_card).hexdigest()}

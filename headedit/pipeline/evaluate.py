@@ -66,7 +66,7 @@ def evaluate_loaded(
     if log_samples:
         from headedit.tasks.samples import sample_records
 
-        result["samples"] = sample_records(engine, task, examples, head_set, correct)
+        result["samples"] = sample_records(engine, task, examples, head_set, [bool(c) for c in correct])
     return result
 
 
