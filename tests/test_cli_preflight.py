@@ -72,6 +72,9 @@ def test_export_refuses_an_existing_out_before_baking(tmp_path: Path) -> None:
     assert "--force" in proc.stderr and "--out DIR" in proc.stderr and "--export" not in proc.stderr
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["keep.txt"]
     assert not list(tmp_path.glob(".taken*"))  # no temp folder: nothing was baked
+    proc, _ = _cli(["export", str(run), "--out", "taken", "--force"], tmp_path)  # --force never eats a non-export
+    assert proc.returncode == 2 and "not an earlier export" in proc.stderr and "--out DIR" in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["keep.txt"]
 
 
 def _modes(folder: Path) -> set[tuple[str, int]]:

@@ -41,6 +41,9 @@ def check_export_target(target: Path, force: bool, option: str, model_id: str | 
     if target.exists() and not force:
         raise OutputExistsError(f"export folder {target} already exists",
                                 f"pass --force to replace it, or choose another {option} DIR")
+    if target.is_dir() and any(target.iterdir()) and not (target / "headedit.json").is_file():
+        raise OutputExistsError(f"export folder {target} is not an earlier export (no headedit.json), so --force "
+                                "will not replace it", f"choose another {option} DIR, or delete that folder yourself")
     blocked = _writable_parent(target)
     if blocked is not None:
         raise OutputExistsError(f"cannot write the export folder {target}: {blocked} is not writable",
