@@ -183,6 +183,12 @@ def test_random_tiny_models_select_nothing_at_the_default_level(tmp_path, capsys
     manifest = json.loads((tmp_path / "export" / "headedit.json").read_text())
     assert manifest["heads"] == rejected["best"]
     assert json.loads((tmp_path / "export" / "selection.json").read_text())["found"] is False
+    # validation has nothing to judge, and says so; it reports the objective beside accuracy all the same
+    from headedit.pipeline.validate import validate_run
+
+    checked = validate_run(run)
+    assert checked["passed"] is False and checked["heads"] == "" and "no heads" in checked["verdict"]
+    assert checked["objective"]["name"] == "margin" and checked["objective"]["gain"] == 0.0
 
 
 def _rows(run: Path) -> dict:
