@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from argparse import Namespace
+from argparse import ArgumentParser
 from pathlib import Path
 
 import pytest
@@ -91,7 +91,7 @@ def test_ablation_mask_cannot_reach_a_layer_without_heads():
 def test_inspect_reports_layers_without_heads(tmp_path):
     from rich.console import Console
 
-    from headedit.commands.inspect import inspect_model, run
+    from headedit.commands.inspect import add_parser, inspect_model, run  # inspect_model: the command's own
 
     model = build("qwen3_next", FAMILY["qwen3_next"].kwargs)
     model.save_pretrained(tmp_path / "m")
@@ -99,8 +99,11 @@ def test_inspect_reports_layers_without_heads(tmp_path):
     assert [(d["layer"], d["mixer"], d["kind"]) for d in info["layers_without_heads"]] == [
         (i, "Qwen3NextGatedDeltaNet", "linear attention") for i in range(3)]
     assert info["layers"][3]["heads"] == 4
+    parser = ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["inspect", str(tmp_path / "m")])  # the command's own options and defaults
     out = io.StringIO()
-    assert run(Namespace(model=str(tmp_path / "m"), revision=None, json=False), Console(file=out, width=200)) == 0
+    assert run(args, Console(file=out, width=200)) == 0
     text = out.getvalue()
     assert "0-2 (Qwen3NextGatedDeltaNet: linear attention)" in text
     assert "3: 4x16" in text  # heads per layer shown where layers differ

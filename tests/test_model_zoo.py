@@ -290,7 +290,7 @@ def _params(family: Family) -> Any:
 def test_family_bakes_exactly(family: Family, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from headedit.commands.inspect import inspect_model
+    from headedit.model.inspect import inspect_model
 
     model = build(family.model_type, family.kwargs)
     walked = HeadGeometry.from_model(model)
@@ -328,6 +328,33 @@ def test_family_bakes_exactly(family: Family, tmp_path: Path) -> None:
         with pytest.raises(HeadSpecError, match="no attention heads"):
             parse_heads(f"{lay.layer}.*", geometry)
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("family", [_params(f) for f in FAMILIES])
+def test_engine_reads_the_family_exactly(family: Family) -> None:
+    """The engine's forward (decoder, then lm_head where logits are read, then the family's own logit scaling)
+    gives the model's logits; where its layer surgery applies, starting at a later layer from the cached states
+    (and that layer's attention from its cached projection input) is bit-identical under ablation."""
+    from headedit.engine.prefix import logits_at, prefix_ok, run_decoder
+
+    model = build(family.model_type, family.kwargs)
+    geometry = HeadGeometry.from_model(model)
+    mask = torch.ones_like(IDS)  # [batch, pos]
+    rows, positions = torch.arange(2).repeat_interleave(8), torch.arange(8).repeat(2)  # every (row, position)
+    with torch.no_grad():
+        final, captured = run_decoder(model, IDS, mask, capture=[1], capture_attn=[1] if prefix_ok(model, geometry) else [])
+        ours = logits_at(model, final, rows, positions)  # [16, vocab]
+    theirs = logits(model)[rows, positions].float()  # [16, vocab]
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    if not prefix_ok(model, geometry):
+        return
+    heads = tuple(h for h in chosen_heads(geometry) if h.layer >= 1)
+    with ablate(model, geometry, heads=heads), torch.no_grad():
+        whole, _ = run_decoder(model, IDS, mask)
+        resumed, _ = run_decoder(model, IDS, mask, start_layer=1, hidden_in=captured[1])
+        attn_skipped, _ = run_decoder(model, IDS, mask, start_layer=1, hidden_in=captured[1],
+                                      attn_in=captured[("attn", 1)])
+    assert torch.equal(resumed, whole) and torch.equal(attn_skipped, whole)
 
 
 @pytest.mark.parametrize("model_type", list(REFUSED))

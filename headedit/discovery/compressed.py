@@ -74,8 +74,9 @@ def compressed_screen(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         fit = LassoCV(cv=folds, max_iter=20_000).fit(x, y)
-    coef = fit.coef_.reshape(layout.num_layers, layout.num_heads)  # [layer, head]
-    delta = [[float(v) for v in row] for row in coef]
+    delta = [[0.0] * layout.num_heads for _ in range(layout.num_layers)]  # [layer, head]; heads a layer lacks: 0
+    for h, j in index.items():
+        delta[h.layer][h.head] = float(fit.coef_[j])
     for h in layout.all_heads():
         reporter(HeadScored(STAGE, h.layer, h.head, delta[h.layer][h.head]))
     coverage = x.sum(axis=0)

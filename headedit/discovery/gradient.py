@@ -60,9 +60,9 @@ def gradient_screen(
         for p in model.parameters():
             p.requires_grad_(False)
         handles.append(model.get_input_embeddings().register_forward_hook(make_leaf))
-        for layer in range(layout.num_layers):
-            module = model.get_submodule(layout.o_proj_path(layer))
-            handles.append(module.register_forward_pre_hook(capture(layer)))
+        for lay in layout.attention_layers:  # layers without heads have nothing to attribute
+            module = model.get_submodule(layout.o_proj_path(lay.layer))
+            handles.append(module.register_forward_pre_hook(capture(lay.layer)))
         for i, tb in enumerate(batches):
             scorer.check_cancel()
             captured.clear()
@@ -83,14 +83,15 @@ def gradient_screen(
                 g = x.grad
                 if g is None:
                     continue
-                shape = (x.shape[0], x.shape[1], layout.num_heads, layout.head_dim)
+                lay = layout.layer(layer)  # heads and width of this layer (they may differ per layer)
+                shape = (x.shape[0], x.shape[1], lay.num_heads, lay.head_width)
                 xs = x.detach().float().reshape(shape)  # [batch, pos, head, d_head]
                 gs = g.float().reshape(shape)  # [batch, pos, head, d_head]
                 if rows_pos:
                     real = tb.attention_mask[:, :, None, None].to(xs.dtype)  # [batch, pos, 1, 1]
                     xs, gs = xs * real, gs * real
-                attribution[layer] += -(gs * xs).sum(dim=(0, 1, 3)).double()
-                grad_sq[layer] += gs.pow(2).sum(dim=(0, 1, 3)).double()
+                attribution[layer, : lay.num_heads] += -(gs * xs).sum(dim=(0, 1, 3)).double()
+                grad_sq[layer, : lay.num_heads] += gs.pow(2).sum(dim=(0, 1, 3)).double()
             reporter(StageProgress(STAGE, i + 1, len(batches)))
     finally:
         for handle in handles:
@@ -103,7 +104,7 @@ def gradient_screen(
     norms = (grad_sq / count).sqrt()
     delta = [[float(v) for v in row] for row in predicted]
     for layer in range(layout.num_layers):
-        for head in range(layout.num_heads):
+        for head in range(layout.heads_in(layer)):
             reporter(HeadScored(STAGE, layer, head, delta[layer][head], {"grad_norm": float(norms[layer, head])}))
     target = {"margin": "margin", "logprob": "log-probability of the correct answer (among the choices)"}.get(
         objective, "correct answer's log-probability")

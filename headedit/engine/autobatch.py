@@ -94,9 +94,10 @@ def engine_probe(engine: Any, task: Any, examples: Sequence[Any], reserve_bytes:
     """
     ratio = max(1, engine.max_rows // max(1, engine.batch_size))
     layout = engine.layout
-    sets: list[tuple[Head, ...]] = [(Head(0, h % layout.num_heads),) for h in range(ratio)]
-    if layout.num_layers > 1:
-        sets.append((Head(layout.num_layers // 2, 0),))
+    heads = layout.attention_layers  # layers with heads (a hybrid's first layer may have none)
+    sets: list[tuple[Head, ...]] = [(Head(heads[0].layer, h % heads[0].num_heads),) for h in range(ratio)]
+    if len(heads) > 1:
+        sets.append((Head(heads[len(heads) // 2].layer, 0),))
     lengths = sorted(range(len(examples)), key=lambda i: -len(engine.plan(task, examples[i])[0].tokens))
     reserve = engine.hidden.max_bytes if reserve_bytes is None else reserve_bytes
 

@@ -26,7 +26,7 @@ from headedit.engine.batch import (
 )
 from headedit.engine.scores import RawScores, aligned_spans, reduce_scores, to_host
 from headedit.engine.generate import draft_plans, generate_correctness
-from headedit.engine.prefix import HiddenCache, gathered_mlp_ok, logits_at, run_decoder
+from headedit.engine.prefix import HiddenCache, gathered_mlp_ok, logits_at, prefix_ok, run_decoder
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks.base import Example, Task
 
@@ -84,11 +84,12 @@ class Engine:
         self.max_rows = max(self.batch_size, int(max_rows or self.batch_size))
         self.chat = bool(chat or chat_template_kwargs)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.prefix_reuse = prefix_reuse
+        fast_ok = prefix_ok(model, self.layout)  # layer surgery only where the decoder is shaped for it
+        self.prefix_reuse = prefix_reuse and fast_ok
         # last layer's MLP only where logits are read (engine_prefix._GatheredMLP); default: with prefix reuse
-        self.gathered_mlp = (prefix_reuse if gathered_mlp is None else gathered_mlp) and gathered_mlp_ok(model)
+        self.gathered_mlp = (prefix_reuse if gathered_mlp is None else gathered_mlp) and fast_ok and gathered_mlp_ok(model)
         # first layer of an ablated forward runs o_proj only, from the cached intact input (self-checked once)
-        self.attn_skip = bool(prefix_reuse if attn_skip is None else attn_skip)
+        self.attn_skip = bool(prefix_reuse if attn_skip is None else attn_skip) and fast_ok
         self._attn_checked = False
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype

@@ -13,6 +13,9 @@ from typing import Any, Iterable
 
 import torch
 
+from headedit.model.geometry import decoder_layers
+from headedit.model.heads import HeadLayout
+
 
 class _PassThrough(torch.nn.Module):
     """Stands in for a skipped decoder layer: returns its hidden-states input unchanged."""
@@ -39,6 +42,22 @@ class _GatheredMLP(torch.nn.Module):
         return out
 
 
+def prefix_ok(model: Any, layout: HeadLayout) -> bool:
+    """Whether this module's layer surgery applies: the decoder's `layers` are the geometry's layer list, every
+    layer has heads (SSM / linear-attention layers are not skipped), and each holds its attention as a direct
+    child owning the `o_proj` Linear the geometry names. Other families run every forward whole (the engine's
+    plain path: same results, no prefix reuse)."""
+    _, layers, _ = decoder_parts(model)
+    if len(layers) != layout.num_layers:
+        return False
+    names = {id(m): n for n, m in model.named_modules()}
+    for lay in layout.layers:
+        found = attention_of(layers[lay.layer]) if lay.has_heads else None
+        if found is None or names.get(id(found[1].o_proj)) != lay.path:
+            return False
+    return True
+
+
 def gathered_mlp_ok(model: Any) -> bool:
     """Whether the last layer's MLP may be restricted to read positions: a dense per-token `mlp` (no experts)."""
     cfg = model.config
@@ -53,9 +72,13 @@ class _Stop(Exception):
 
 
 def decoder_parts(model: Any) -> tuple[Any, torch.nn.ModuleList, Any]:
-    """(base decoder, its layer list, lm_head) of a causal LM."""
+    """(base decoder, its layer list, lm_head) of a causal LM (the list where the geometry finds it: `h`, ...)."""
     base = model.get_decoder()
-    return base, base.layers, model.get_output_embeddings()
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):  # the geometry's list (`transformer.h`, ...) and its owner
+        path, layers = decoder_layers(model)
+        base = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+    return base, layers, model.get_output_embeddings()
 
 
 def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -186,8 +209,18 @@ def logits_at(model: Any, hidden: torch.Tensor, rows: torch.Tensor, positions: t
     """lm_head logits [n, vocab] (float32) at the given (row, position) pairs only: no full-vocab pass elsewhere."""
     _, _, head = decoder_parts(model)
     picked = hidden[rows, positions]  # [n, hidden]
-    logits = head(picked).float()  # [n, vocab]
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    logits = head(picked)  # [n, vocab]
+    # what some families' ForCausalLM.forward does after lm_head (in the model's dtype, as they do)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(model, "logit_scale", None) is not None:  # Cohere
+        logits = logits * model.logit_scale
+    if getattr(config, "logits_scaling", None):  # Granite
+        logits = logits / config.logits_scaling
+    multiplier = getattr(getattr(model, "model", None), "lm_head_multiplier", None)  # Falcon-H1
+    if multiplier is not None and not isinstance(multiplier, torch.nn.Module):
+        logits = logits * multiplier
+    logits = logits.float()
+    cap = getattr(config, "final_logit_softcapping", None) or getattr(config, "logits_soft_cap", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits

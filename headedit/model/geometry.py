@@ -441,6 +441,11 @@ def _text_config(config: Any) -> Any:
     return text if text is not None and _get(config, "num_attention_heads") is None else config
 
 
+def decoder_layers(model: Any) -> tuple[str, Any]:
+    """(path, ModuleList) of a loaded model's decoder layers, found as the geometry finds them."""
+    return _decoder_layers(model, _text_config(model.config))
+
+
 def _decoder_layers(model: Any, text_config: Any) -> tuple[str, Any]:
     """(path, ModuleList) of the decoder's layers: the shallowest list as long as num_hidden_layers."""
     import torch
