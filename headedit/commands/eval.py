@@ -36,6 +36,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
     p.add_argument("--revision", default=None)
+    p.add_argument("--gguf-file", default=None, metavar="NAME", help="which .gguf of a folder holding several")
     p.add_argument("--chat", action="store_true", help="format prompts with the model's chat template")
     p.add_argument("--no-thinking", action="store_true", help="chat template argument enable_thinking=False")
     p.set_defaults(func=run)
@@ -92,7 +93,8 @@ def run(args: argparse.Namespace, console: Any) -> int:
     check_out_folder(args.json_out, "--json")
     check_out_folder(args.samples_out, "--log-samples")
     get_task(args.task)  # a bad task (file) fails before the model loads
-    model, tokenizer, layout = load_model(args.model, dtype=args.dtype, device=args.device, revision=args.revision)
+    model, tokenizer, layout = load_model(args.model, dtype=args.dtype, device=args.device, revision=args.revision,
+                                         gguf_file=args.gguf_file)
     kwargs = {"enable_thinking": False} if args.no_thinking else None
     with reporter_for(console) as reporter:
         result = evaluate_loaded(model, tokenizer, layout, args.task, args.split, args.limit, args.heads,

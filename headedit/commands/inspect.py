@@ -1,76 +1,24 @@
-"""`headedit inspect MODEL`: what headedit sees in a model, and which heads an export ablated."""
+"""`headedit inspect MODEL`: prints what `headedit.model.inspect.inspect_model` finds (table or JSON)."""
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from headedit.errors import HeadeditError
-from headedit.model.heads import HeadLayout
-from headedit.model.loading import check_shapes, read_config, resolve_model, weight_files
-
-
-def inspect_model(model: str, revision: str | None = None) -> dict[str, Any]:
-    """Layout, size and edit record of a model folder, hub id or export, without loading weights."""
-    source = resolve_model(model, revision, weights=False)
-    config = read_config(source.path)
-    layout = HeadLayout.from_config(config)
-    if source.hub:  # read sizes from the Hub's safetensors headers instead of downloading weights
-        params, dtypes, files = _hub_sizes(source.id, revision)
-    else:
-        files = weight_files(source.path)
-        params = check_shapes(layout, files)
-        dtypes = sorted({info["dtype"] for f in files for k, info in _headers(f).items() if k != "__metadata__"})
-    info: dict[str, Any] = {
-        "model": source.id,
-        **layout.to_dict(),
-        "parameters": params,
-        "dtype": dtypes[0] if len(dtypes) == 1 else (dtypes or None),
-        "weight_files": len(files),
-        "ablated_heads": None,
-    }
-    manifest = source.path / "headedit.json"
-    if manifest.is_file():
-        try:
-            record = json.loads(manifest.read_text())
-            info["ablated_heads"] = record.get("heads")
-            info["headedit_version"] = record.get("headedit_version")
-        except json.JSONDecodeError:
-            raise HeadeditError("headedit.json of this model is corrupt", "re-export the model") from None
-    return info
-
-
-def _hub_sizes(repo_id: str, revision: str | None) -> tuple[int | None, list[str], list[str]]:
-    try:
-        from huggingface_hub import get_safetensors_metadata
-
-        meta = get_safetensors_metadata(repo_id, revision=revision)
-        counts: dict[str, int] = {}
-        for file_meta in meta.files_metadata.values():
-            for dtype, n in file_meta.parameter_count.items():
-                counts[dtype] = counts.get(dtype, 0) + n
-        return sum(counts.values()), sorted(counts), list(meta.files_metadata)
-    except Exception:  # sizes are informational; the layout and manifest already came through
-        return None, [], []
-
-
-def _headers(file: Path) -> dict[str, Any]:
-    from headedit.model.loading import safetensors_header
-
-    return safetensors_header(file)
+from headedit.model.inspect import inspect_model
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("inspect", help="show a model's head layout, layers without heads (and the heads an export ablated)")
     p.add_argument("model", help="local model folder, hub id, or headedit:demo")
     p.add_argument("--revision", default=None)
+    p.add_argument("--gguf-file", default=None, metavar="NAME", help="which .gguf of a folder holding several")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    info = inspect_model(args.model, args.revision)
+    info = inspect_model(args.model, args.revision, gguf_file=args.gguf_file)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -79,7 +27,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
     table = Table(title=f"headedit inspect {info['model']}", show_header=False)
     for key in ("architecture", "model_type", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                 "hidden_size", "parameters", "dtype", "o_proj", "heads_per_layer", "layers_without_heads",
-                "ablated_heads"):
+                "ablated_heads", "gguf"):
         value = info.get(key)
         if key == "parameters" and value is not None:
             value = f"{value:,}"
@@ -89,6 +37,11 @@ def run(args: argparse.Namespace, console: Any) -> int:
                 continue
         elif key == "layers_without_heads":
             value = _without_heads(info.get(key) or [])
+        elif key == "gguf":
+            if not value:
+                continue
+            value = f"{value['file']} ({value['architecture']}): " + ", ".join(
+                f"{n} {t}" for t, n in sorted(value["tensor_types"].items(), key=lambda kv: -kv[1])) + " tensors"
         table.add_row(key, "-" if value in (None, "") else str(value))
     console.print(table)
     return 0

@@ -15,11 +15,14 @@ from typing import Any, Iterable, Sequence
 
 from headedit import __version__
 from headedit.atomic import atomic_dir, sha256_file
-from headedit.errors import ExportError, ModelLoadError
+from headedit.errors import ExportError, HeadSpecError, ModelLoadError
 from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.model.files import check_regular_files, check_vocab, read_bounded
 from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
+from headedit.export.gguf_bake import bake_gguf_into, check_gguf_edit
 from headedit.model.loading import (
-    SIDE_FILE_PATTERNS, ModelSource, check_shapes, read_config, resolve_model, safetensors_header, weight_files,
+    SIDE_FILE_PATTERNS, ModelSource, check_shapes, resolve_model, safetensors_header, source_config,
+    source_weight_files, weight_files,
 )
 
 MANIFEST = "headedit.json"
@@ -35,6 +38,30 @@ def _side_files(path: Path) -> list[Path]:
             if file.is_file() and file.name not in _NOT_COPIED:
                 found[file.name] = file
     return [found[name] for name in sorted(found)]
+
+
+def source_root(source: ModelSource) -> Path:
+    """The folder every file bake reads must lie in: the model folder, or for a Hub download the cache's repo
+    folder (its snapshot files are links into ../../blobs)."""
+    return source.path.parents[1] if source.hub else source.path
+
+
+def check_contained(source: ModelSource) -> None:
+    """Refuse a source whose weights, index or side files are links to outside its folder: bake copies side files
+    verbatim into what push publishes, so `LICENSE.txt -> ~/.cache/huggingface/token` would publish a secret."""
+    if source.gguf is not None:
+        return
+    check_regular_files(source.path, SIDE_FILE_PATTERNS)  # a FIFO would hang the copy or silently drop the file
+    root = source_root(source).resolve()
+    index = source.path / "model.safetensors.index.json"
+    for file in [*weight_files(source.path), *([index] if index.is_file() else []), *_side_files(source.path)]:
+        try:
+            inside = file.resolve(strict=True).is_relative_to(root)
+        except (OSError, RuntimeError):
+            inside = False
+        if not inside:
+            raise ExportError(f"source file {file.name} is a link to outside the model folder, so bake will not "
+                              "copy it", "replace the link with a copy of the file you mean to publish, or remove it")
 
 
 def zero_heads(tensor: Any, layout: HeadLayout, heads: Iterable[int], layer: int | None = None) -> Any:
@@ -73,12 +100,13 @@ def write_baked_weights(
     for i, file in enumerate(files):
         source_hashes[file.name] = sha256_file(file)
         with safe_open(str(file), framework="pt") as reader:
-            metadata = reader.metadata() or {}
             tensors = {}
             for key in reader.keys():
                 tensor = reader.get_tensor(key)
                 tensors[key] = zero_heads(tensor, layout, by_key[key][1], by_key[key][0]) if key in by_key else tensor
-        save_file(tensors, str(target / file.name), metadata={"format": "pt", **metadata})
+        # Only the format tag: the source's other metadata is not ours to publish (it may hold anything, a token
+        # included), and a one-key header is byte-for-byte reproducible (safetensors orders metadata at random).
+        save_file(tensors, str(target / file.name), metadata={"format": "pt"})
         del tensors
         reporter(StageProgress("bake", done=i + 1, total=len(files)))
     index = source / "model.safetensors.index.json"
@@ -102,19 +130,25 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 def bake_into(source: ModelSource, heads: Sequence[Head] | str, target: Path, reporter: Reporter = null_reporter) -> dict[str, Any]:
     """Write a complete baked checkpoint with its manifest into an existing empty folder."""
-    config = read_config(source.path)
+    config = source_config(source)
     layout = HeadLayout.from_config(config)
     chosen = parse_heads(heads, layout) if isinstance(heads, str) else tuple(layout.check(Head(*h)) for h in heads)
-    previous = _previous_heads(source.path, layout)
+    if source.gguf is not None:  # safetensors of the dequantized weights + the GGUF edited in its quantized blocks
+        previous: tuple[Head, ...] = ()
+        source_hashes = bake_gguf_into(source.gguf, layout, chosen, target, reporter)
+    else:
+        check_contained(source)
+        previous = _previous_heads(source.path, layout)
+        source_hashes = write_baked_weights(source.path, layout, chosen, target, reporter)
+        for file in _side_files(source.path):
+            shutil.copy2(file, target / file.name)
     all_heads = tuple(sorted(set(chosen) | set(previous)))
-    source_hashes = write_baked_weights(source.path, layout, chosen, target, reporter)
-    for file in _side_files(source.path):
-        shutil.copy2(file, target / file.name)
     manifest = {
         "format": MANIFEST_FORMAT,
         "headedit_version": __version__,
         "source": {"id": source.id if source.hub or source.id.startswith("headedit:") else Path(source.id).name,
-                   "hub": source.hub, "revision": source.revision, "files": source_hashes},
+                   "hub": source.hub, "revision": source.revision, "files": source_hashes,
+                   "format": "gguf" if source.gguf is not None else "safetensors"},
         "heads": format_heads(all_heads),
         "heads_added": format_heads(chosen),
         "layout": layout.to_dict(),
@@ -128,8 +162,9 @@ def _previous_heads(path: Path, layout: HeadLayout) -> tuple[Head, ...]:
     if not manifest.is_file():
         return ()
     try:
-        return parse_heads(json.loads(manifest.read_text()).get("heads", ""), layout)
-    except (json.JSONDecodeError, AttributeError):
+        text = read_bounded(manifest, 16 * 2**20, f"{MANIFEST} of the source").decode("utf-8")
+        return parse_heads(json.loads(text).get("heads", ""), layout)
+    except (ValueError, AttributeError, RecursionError):
         return ()
 
 
@@ -140,15 +175,27 @@ def bake(
     force: bool = False,
     revision: str | None = None,
     reporter: Reporter = null_reporter,
+    gguf_file: str | None = None,
+    allow_empty: bool = False,
 ) -> Path:
-    """Bake `heads` of `source` into a new checkpoint folder `out`, atomically."""
-    src = resolve_model(source, revision)
+    """Bake `heads` of `source` into a new checkpoint folder `out`, atomically (an empty head set, an unedited
+    copy, only with `allow_empty`)."""
+    src = resolve_model(source, revision, gguf_file=gguf_file)
     out = Path(out)
     # Validate everything that can fail cheaply before creating anything on disk.
-    layout = HeadLayout.from_config(read_config(src.path))
+    layout = HeadLayout.from_config(source_config(src))
     if isinstance(heads, str):
-        parse_heads(heads, layout)
-    check_shapes(layout, weight_files(src.path))
+        chosen = parse_heads(heads, layout)
+    else:
+        chosen = tuple(layout.check(Head(*h)) for h in heads)
+    if not chosen and not allow_empty:
+        raise HeadSpecError("no heads to zero: the head set is empty, so the bake would be an unedited copy",
+                            'name heads, e.g. --heads "3.1,5.7", or pass --allow-empty to copy the model as it is')
+    check_contained(src)
+    check_vocab(source_config(src), source_weight_files(src))
+    check_shapes(layout, source_weight_files(src))
+    if src.gguf is not None:
+        check_gguf_edit(src.gguf, layout, chosen)
     with atomic_dir(out, force=force, protect=(src.path,)) as tmp:
         bake_into(src, heads, tmp, reporter)
     return out

@@ -1,7 +1,6 @@
 """Resolve and load models safely: safetensors only, no remote code, config checked before allocation."""
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -10,6 +9,14 @@ from typing import Any
 
 from headedit.errors import ModelLoadError, ModelNotFoundError
 from headedit.model.bundled import BUNDLED, bundled_model_path
+from headedit.model.files import (  # re-exported: callers import the model-file readers from here
+    check_regular_files,
+    check_vocab,
+    read_config,
+    safetensors_header,
+    weight_files,
+)
+from headedit.model.gguf_source import PKG_PREFIX, find_gguf, gguf_config, gguf_tokenizer, load_gguf_model, package_file
 from headedit.model.heads import HeadLayout
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -25,17 +32,21 @@ class ModelSource:
     path: Path
     revision: str | None = None
     hub: bool = False  # True when resolved through the Hub (so `id` is a public hub id)
+    gguf: Path | None = None  # a GGUF checkpoint: the file (`path` is its folder)
 
 
-def resolve_model(model_id: str | os.PathLike, revision: str | None = None, weights: bool = True) -> ModelSource:
-    """Local folder, `headedit:demo` / `headedit:addsub`, or a hub id resolved through huggingface_hub's cache."""
+def resolve_model(model_id: str | os.PathLike, revision: str | None = None, weights: bool = True,
+                  gguf_file: str | None = None) -> ModelSource:
+    """Local folder, `.gguf` file (or a folder holding one; `gguf_file` chooses among several), `pkg:PACKAGE/FILE`,
+    `headedit:demo` / `headedit:addsub`, or a hub id resolved through huggingface_hub's cache."""
     text = str(model_id)
     if text in BUNDLED:
         return ModelSource(text, bundled_model_path(text))
-    path = Path(text).expanduser()
+    path = package_file(text) if text.startswith(PKG_PREFIX) else Path(text).expanduser()
     if path.exists():
-        if not path.is_dir():
-            raise ModelNotFoundError(f"model path {text} is a file, not a folder", "pass the folder holding config.json")
+        gguf = find_gguf(path, gguf_file)
+        if gguf is not None:
+            return ModelSource(text, gguf.parent.resolve(), revision, gguf=gguf.resolve())
         return ModelSource(text, path.resolve(), revision)
     looks_local = text.startswith((".", "/", "~")) or os.sep in text.strip("/").split("/", 1)[-1] or text.count("/") != 1
     if looks_local or not _HUB_ID.match(text):
@@ -53,63 +64,14 @@ def resolve_model(model_id: str | os.PathLike, revision: str | None = None, weig
     return ModelSource(text, Path(local), revision, hub=True)
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"{path.name or path} has no config.json", "point at a transformers model folder")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ModelLoadError(f"config.json is not valid JSON ({err})", "re-download the model") from None
-    if not isinstance(config, dict):
-        raise ModelLoadError("config.json is not a JSON object", "re-download the model")
-    return config
+def source_config(source: ModelSource) -> dict[str, Any]:
+    """The checkpoint's config: config.json, or the config a GGUF implies."""
+    return gguf_config(source.gguf) if source.gguf is not None else read_config(source.path)
 
 
-def weight_files(path: Path, allow_pickle: bool = False) -> list[Path]:
-    """The safetensors files of a checkpoint, in index order; pickle weights are refused."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ModelLoadError("model.safetensors.index.json is corrupt", "re-download the model") from None
-        files = [path / name for name in dict.fromkeys(weight_map.values())]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(f"shard {missing[0]} named by the index is missing", "re-download the model")
-        return files
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
-        if allow_pickle:
-            return []
-        raise ModelLoadError(
-            f"{path.name} has only pickle weights (.bin), which can run code when loaded",
-            "convert it to safetensors (load it once where you trust it, save_pretrained) and point at that folder",
-        )
-    raise ModelLoadError(f"{path.name} has no model.safetensors", "point at a folder with safetensors weights")
-
-
-def safetensors_header(file: Path) -> dict[str, Any]:
-    """Parse a safetensors header without reading tensors; a truncated or corrupt file is a clear error."""
-    try:
-        size = file.stat().st_size
-        with open(file, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) < 8:
-                raise ValueError("shorter than its header")
-            n = int.from_bytes(raw, "little")
-            if n > min(size - 8, 100 * 2**20):
-                raise ValueError("header length beyond the file")
-            header = json.loads(fh.read(n))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-        if 8 + n + end > size:
-            raise ValueError("truncated: tensor data runs past the end of the file")
-        return header
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"{file.name} is not a valid safetensors file: {err}", "re-download the model") from None
+def source_weight_files(source: ModelSource, allow_pickle: bool = False) -> list[Path]:
+    """The safetensors files to check and hash (none for a GGUF: its own header is checked when read)."""
+    return [] if source.gguf is not None else weight_files(source.path, allow_pickle)
 
 
 def check_shapes(layout: HeadLayout, files: list[Path]) -> int:
@@ -168,20 +130,23 @@ def load_model(
     allow_pickle: bool = False,
     device_map: str | None = None,
     max_memory: dict | None = None,
+    gguf_file: str | None = None,
 ) -> tuple[Any, Any, HeadLayout]:
     """(model, tokenizer, layout), after every check that can fail without allocating the weights.
 
     `device_map="auto"` with `max_memory` spreads a model too large for one GPU (needs `accelerate`).
     """
-    source = resolve_model(model_id, revision)
-    config = read_config(source.path)
+    source = resolve_model(model_id, revision, gguf_file=gguf_file)
+    config = source_config(source)
     check_remote_code(config, trust_remote_code)
+    check_regular_files(source.path, SIDE_FILE_PATTERNS)
     layout = HeadLayout.from_config(config)
-    files = weight_files(source.path, allow_pickle)
+    files = source_weight_files(source, allow_pickle)
     check_shapes(layout, files)
+    check_vocab(config, files)
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     placed: dict[str, Any] = {}
     if device_map is not None:
@@ -196,7 +161,7 @@ def load_model(
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # our own events say what is loading; its bar would garble ours
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = load_gguf_model(source.gguf, torch_dtype) if source.gguf is not None else AutoModelForCausalLM.from_pretrained(
             source.path, dtype=torch_dtype, use_safetensors=not allow_pickle or bool(files),
             trust_remote_code=trust_remote_code, **placed,
         )
@@ -209,8 +174,32 @@ def load_model(
     if device_map is None:
         model.to(device)
     model.eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code)
-    except Exception as err:
-        raise ModelLoadError(f"no usable tokenizer in {source.id}: {type(err).__name__}", "add the tokenizer files") from None
+    tokenizer = load_tokenizer(source, trust_remote_code)
     return model, tokenizer, HeadLayout.from_model(model)
+
+
+def load_tokenizer(source: ModelSource, trust_remote_code: bool = False, chat: bool = False) -> Any:
+    """The model's tokenizer, or one ModelLoadError line (missing files; `chat` without a chat template)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if source.gguf is None:
+        check_regular_files(source.path, SIDE_FILE_PATTERNS)  # a FIFO named tokenizer.json would block the read
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its multi-line warnings about missing files would bury our one line
+    try:
+        tokenizer = (gguf_tokenizer(source.gguf) if source.gguf is not None
+                     else AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code))
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"no usable tokenizer in {source.id}: {type(err).__name__}",
+                             "add the tokenizer files (tokenizer.json, tokenizer_config.json) to the model folder") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if isinstance(tokenizer, bool) or not callable(tokenizer):
+        raise ModelLoadError(f"no usable tokenizer in {source.id}", "add the tokenizer files to the model folder")
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"task.chat is true but the tokenizer of {source.id} has no chat template",
+                             "set task.chat = false, or use the instruct model that ships a chat template")
+    return tokenizer

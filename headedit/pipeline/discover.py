@@ -40,6 +40,7 @@ from headedit.pipeline.parallel import (
     init_process_group,
     rank,
 )
+from headedit.pipeline.removal import removal_for
 from headedit.recipe import Recipe, parse_recipe
 from headedit.runs import RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, Journal, Run, environment
 
@@ -73,6 +74,7 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
     env = environment(str(loaded.engine.device))
     env["attn_implementation"] = str(getattr(loaded.model.config, "_attn_implementation", "") or "")
     env["processes"] = str(shard.world_size if shard is not None else 1)
+    env["dtype"] = str(loaded.model.dtype).removeprefix("torch.")  # the dtype weights are computed in
     run.update_info(task={**run.info.get("task", {}), "data_note": split.note, "source": split.source,
                           "discovery_n": len(split)},
                     environment=env)
@@ -89,20 +91,29 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
     scorer = scorer_for(loaded, journal, DISCOVERY, screen_rows, reporter, cancel, shard, objective=objective)
     search_scorer = scorer if not cut else scorer_for(loaded, journal, SEARCH_SPLIT, search_rows, reporter, cancel,
                                                       shard, objective=objective)
+    removal = removal_for(recipe, loaded, journal, objective, reporter, cancel, shard)  # None unless "remove"
+    if removal is not None:  # screens and search maximise the target's drop, retain tasks as a constraint
+        reporter(Log(removal.describe()))
+        scorer, search_scorer = removal.view(scorer), removal.view(search_scorer)
     if run.has(SCREEN_FILE):
         screen = ScreenResult.from_json(run.read(SCREEN_FILE))
         reporter(Log(f"screen: reusing {SCREEN_FILE} ({screen.method})"))
     else:
-        screen = run_screen(recipe, loaded, scorer, screen_rows, early_stop_for(recipe, len(screen_rows)), reporter)
+        screen = run_screen(recipe, loaded, scorer, screen_rows, early_stop_for(recipe, len(screen_rows)),
+                            removal.reporter(recipe, reporter) if removal else reporter)
+        screen = removal.label(screen) if removal else screen
         run.write(SCREEN_FILE, screen.to_json())
     if run.has(SELECTION_FILE) and run.has(SEARCH_FILE):
         reporter(Log(f"search: reusing {SELECTION_FILE}"))
         return
     spec = SearchSpec.from_recipe(recipe.discovery)
     candidates = screen.top(recipe.discovery.candidates)
-    result = joint_search(search_scorer, candidates, loaded.layout.all_heads(), spec, reporter)
-    run.write(SEARCH_FILE, result.to_json())
+    result = joint_search(search_scorer, candidates, loaded.layout.all_heads(), spec, reporter,
+                          constraint=removal.constraint if removal else None)
+    run.write(SEARCH_FILE, {**result.to_json(), **(removal.search_fields() if removal else {})})
     record = selection_record(result, len(search_rows), screen.method, spec.alpha)
+    if removal is not None:
+        record.update(removal.selection_fields(result, search_scorer))
     if cut:
         record.update(screen_rows=cut, search_split=SEARCH_SPLIT)
     run.write(SELECTION_FILE, record)

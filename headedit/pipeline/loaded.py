@@ -17,7 +17,11 @@ from headedit.discovery.scorer import EvalFn, Scorer
 from headedit.errors import RecipeError, RunError, TaskError
 from headedit.events import Log, Reporter, null_reporter
 from headedit.model.heads import Head, HeadLayout
-from headedit.model.loading import check_remote_code, check_shapes, read_config, resolve_model, weight_files
+from headedit.atomic import check_target, sha256_file
+from headedit.model.files import check_vocab
+from headedit.model.loading import (
+    check_remote_code, check_shapes, load_tokenizer, resolve_model, source_config, source_weight_files,
+)
 from headedit.pipeline.parallel import Placement, Shard, placement_for
 from headedit.recipe import Recipe
 from headedit.runs import Journal, Run, default_run_dir, environment, weight_hashes
@@ -62,6 +66,7 @@ def load_for(recipe: Recipe, model_id: str | None = None, reporter: Reporter = n
         model_id or m.id, dtype=m.dtype, device=where.device, revision=None if model_id else m.revision,
         trust_remote_code=m.trust_remote_code, device_map=where.device_map,
         max_memory=dict(where.max_memory) if where.max_memory else None,
+        gguf_file=None if model_id else m.gguf_file,
     )
     batch = 16 if m.batch_size == "auto" else int(m.batch_size)
     engine = Engine(model, tokenizer, layout, batch_size=batch,
@@ -105,11 +110,13 @@ def early_stop_for(recipe: Recipe, n: int) -> EarlyStop | None:
 
 def run_info(recipe: Recipe) -> dict[str, Any]:
     """run.json's first record: versions, model identity (weight hashes), task and split sizes."""
-    source = resolve_model(recipe.model.id, recipe.model.revision)
+    source = resolve_model(recipe.model.id, recipe.model.revision, gguf_file=recipe.model.gguf_file)
     revision = recipe.model.revision or (source.path.name if source.hub else None)
+    hashes = {source.gguf.name: sha256_file(source.gguf)} if source.gguf is not None else weight_hashes(source.path)
     return {
         "headedit_version": __version__, "name": recipe.name,
-        "model": {"id": recipe.model.id, "revision": revision, "sha256": weight_hashes(source.path)},
+        "model": {"id": recipe.model.id, "revision": revision, "sha256": hashes,
+                  "format": "gguf" if source.gguf is not None else "safetensors"},
         "environment": environment(),
         "task": {"name": recipe.task.name, "discovery_n": recipe.task.discovery, "heldout_n": recipe.task.heldout,
                  "seed": recipe.task.seed, "data_note": ""},
@@ -117,14 +124,39 @@ def run_info(recipe: Recipe) -> dict[str, Any]:
 
 
 def preflight(recipe: Recipe) -> None:
-    """Every cheap check that can fail, before a run folder exists (a refused run leaves nothing behind)."""
-    source = resolve_model(recipe.model.id, recipe.model.revision)
-    config = read_config(source.path)
+    """Every check that can fail before a run folder exists (a refused run leaves nothing behind): the model's
+    config, weights, tokenizer (and chat template when task.chat), the device, the task's data and sizes, and the
+    recipe's export folder (a place no export can ever be written, like "/", fails now, not after validation)."""
+    source = resolve_model(recipe.model.id, recipe.model.revision, gguf_file=recipe.model.gguf_file)
+    config = source_config(source)
     check_remote_code(config, recipe.model.trust_remote_code)
-    check_shapes(HeadLayout.from_config(config), weight_files(source.path))
+    files = source_weight_files(source)
+    check_shapes(HeadLayout.from_config(config), files)
+    check_vocab(config, files)
+    check_device(recipe.model.device)
+    load_tokenizer(source, recipe.model.trust_remote_code, chat=recipe.task.chat)
+    if recipe.export.out:
+        check_target(Path(recipe.export.out), force=True, protect=(source.path,))
     task = get_task(recipe.task.name)
-    load_split(recipe, task, DISCOVERY)
-    load_split(recipe, task, HELDOUT)  # sizes larger than the data fail now, not after discovery
+    for split in (DISCOVERY, HELDOUT):  # sizes larger than the data fail now, not after discovery
+        if len(load_split(recipe, task, split)) == 0:
+            raise TaskError(f"task {task.name} has no {split} examples", "check the task's data")
+
+
+def check_device(device: str) -> None:
+    """The recipe's device exists on this machine (`cuda:99` on a 1-GPU machine is refused before any work)."""
+    if device in ("auto", "cpu"):
+        return
+    import torch  # only for a GPU device; discovery imports it next anyway
+
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise RecipeError(f"model.device = {device!r}, but this machine has {count} CUDA device(s)",
+                              'set model.device = "auto" (or "cpu", or an index below the count)')
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise RecipeError('model.device = "mps", but MPS is not available here', 'set model.device = "auto" or "cpu"')
 
 
 def open_or_create_run(recipe: Recipe | None, run_dir: str | Path | None, resume: bool) -> tuple[Run, Recipe]:

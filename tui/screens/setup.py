@@ -224,7 +224,7 @@ class SetupScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="inspect", name="inspect")
     def inspect_model(self, model: str) -> tuple[str, dict[str, Any]]:
-        from headedit.commands.inspect import inspect_model
+        from headedit.model.inspect import inspect_model
 
         self.app.call_from_thread(self.query_one("#layout", Static).update, f"inspecting {model}…")
         return model, inspect_model(model)
