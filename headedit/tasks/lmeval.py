@@ -227,8 +227,10 @@ class LmEvalTask(Task):
             except TaskError:
                 raise
             except Exception as err:  # noqa: BLE001 - lm-eval and datasets raise anything; one line for the user
+                offline = "ConnectionError" in type(err).__name__ or "reach" in str(err) or "offline" in str(err).lower()
                 raise TaskError(f"{self.label}: lm-eval cannot build the task: {one_line(err)}",
-                                "check the data files and the templates' field names") from None
+                                "offline? point dataset_kwargs.data_files at local files (recipes/tasks/boolq-local.yaml "
+                                "shows how)" if offline else "check the data files and the templates' field names") from None
         if len(tasks) != 1:
             raise TaskError(f"{self.label} names {len(tasks)} tasks (a group or tag)", "name one task")
         task = next(iter(tasks.values()))
