@@ -103,6 +103,15 @@ def test_decide_and_family_sizes():
     assert not floor.accepted and "min_gain" in floor.reason
     worse = evidence.decide("margin", 1.0, 0.0, best_values=zeros - 1, vs_values=zeros, **{**args, "best_bits": ones})
     assert not worse.accepted and "does not improve" in worse.reason
+    # a margin that rises while accuracy falls significantly (the copy demo's second step) is not accepted
+    right, fewer = np.ones(50), np.r_[np.zeros(12), np.ones(38)]
+    rises = np.linspace(0.5, 1.5, 50)
+    guard = evidence.decide("margin", 0.05, 0.0, size=2, family=4, best=(Head(0, 0), Head(0, 2)), vs=(Head(0, 0),),
+                            best_values=rises + 1.0, vs_values=rises, best_bits=fewer, vs_bits=right)
+    assert not guard.accepted and "lowers discovery accuracy significantly" in guard.reason
+    one_row = np.r_[np.zeros(1), np.ones(49)]  # one row lost by chance: not significant, the step stands
+    assert evidence.decide("margin", 0.05, 0.0, size=2, family=4, best=(Head(0, 0), Head(0, 2)), vs=(Head(0, 0),),
+                           best_values=rises + 1.0, vs_values=rises, best_bits=one_row, vs_bits=right).accepted
 
 
 # ---- the search on a synthetic evaluator ----------------------------------------------------------

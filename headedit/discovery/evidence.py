@@ -11,8 +11,13 @@ just the pool. With `discovery.screen_rows` the screen sees other rows than the 
 the search's rows are looked at, and the family is only the sets the step tried (the pool's expansions).
 Bonferroni over the family (Holm's first step) keeps the chance that pure noise passes a step below `alpha`,
 whatever the screen did; the first step, which decides "found" vs "no set found", is exactly controlled (later
-steps build on a base set chosen on the same rows, so their level is approximate). The objective must rise at all, and `min_gain` > 0 adds a floor in discovery-accuracy points over the
-current best (0, the default, leaves accuracy free: at small n a real margin gain can lose a row by chance).
+steps build on a base set chosen on the same rows, so their level is approximate).
+
+The objective must rise at all; with a continuous objective the step must also not lower discovery accuracy
+significantly (one-sided exact sign test at `alpha`, uncorrected: a margin can grow on examples already right
+while borderline ones flip wrong, as on the bundled copy demo); and `min_gain` > 0 adds a floor in
+discovery-accuracy points over the current best (0, the default, leaves accuracy free otherwise: at small n a
+real gain can lose a row by chance).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import numpy as np
 
 from headedit.discovery.objective import describe, scale, unit
 from headedit.model.heads import Head, format_heads
-from headedit.stats import discordant, paired_t_greater, sign_test_better
+from headedit.stats import discordant, paired_t_greater, sign_test_better, sign_test_worse
 
 
 def p_value(objective: str, reference: np.ndarray, candidate: np.ndarray) -> float:
@@ -34,6 +39,12 @@ def p_value(objective: str, reference: np.ndarray, candidate: np.ndarray) -> flo
         fixed, broken = discordant(reference.astype(bool), candidate.astype(bool))
         return sign_test_better(fixed, broken)
     return paired_t_greater(np.asarray(candidate, np.float64) - np.asarray(reference, np.float64))
+
+
+def accuracy_drop_p(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """One-sided exact sign test that `candidate` is less accurate than `reference` (broken vs fixed examples)."""
+    fixed, broken = discordant(reference.astype(bool), candidate.astype(bool))
+    return sign_test_worse(fixed, broken)
 
 
 def describe_test(objective: str) -> str:
@@ -93,6 +104,10 @@ def decide(objective: str, alpha: float, min_gain: float, size: int, family: int
         accepted, why = False, (f"the best size-{size} set {name} gains {shown} over {against}, not significant: "
                                 f"p={p:.3g}, needs p < {threshold:.3g} (alpha {alpha:g} / {family} sets it was chosen "
                                 "among)")
+    elif alpha < 1.0 and objective != "accuracy" and accuracy_drop_p(vs_bits, best_bits) < alpha:
+        accepted, why = False, (f"the best size-{size} set {name} raises the {objective} (p={p:.3g}) but lowers "
+                                f"discovery accuracy significantly ({acc_gain:+.2f} points, one-sided sign test "
+                                f"p={accuracy_drop_p(vs_bits, best_bits):.3g} < {alpha:g})")
     elif min_gain > 0 and acc_gain < min_gain - 1e-9:
         accepted, why = False, (f"the best size-{size} set {name} passes the test (p={p:.3g}) but gains "
                                 f"{acc_gain:+.2f} accuracy points over {against}, below min_gain {min_gain:g}")
@@ -112,9 +127,11 @@ def rule(objective: str, alpha: float, min_gain: float, independent_pool: bool =
         evidence = (f"{describe_test(objective)} vs the current best set, at alpha {alpha:g} Bonferroni-corrected over "
                     "every set the step could have produced with any head as the addition (the candidate pool was "
                     "chosen on the same examples)")
+    guard = ("" if alpha >= 1.0 or objective == "accuracy" else
+             f", without lowering discovery accuracy significantly (one-sided exact sign test at {alpha:g})")
     return (f"objective: {describe(objective)}; a step is accepted when its best set raises the objective over the "
-            f"current best set and passes {evidence}"
+            f"current best set and passes {evidence}{guard}"
             + (f", and gains at least {min_gain:g} discovery-accuracy points" if min_gain > 0 else ""))
 
 
-__all__ = ["Step", "decide", "describe_test", "exhaustive_family", "greedy_family", "p_value", "rule"]
+__all__ = ["Step", "accuracy_drop_p", "decide", "describe_test", "exhaustive_family", "greedy_family", "p_value", "rule"]
