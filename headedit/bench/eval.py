@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -79,6 +79,18 @@ def matmul_peak(hidden: int, inner: int, dtype: torch.dtype, rows: int = 1024, r
     return 2.0 * rows * hidden * inner / best
 
 
+def _timed_engine(model: Any, tokenizer: Any, layout: HeadLayout, batch_size: int, task: Task,
+                  examples: Sequence[Example], head_sets: list[tuple[Head, ...]]) -> tuple[np.ndarray, float, float]:
+    """(correctness [sets, examples], seconds, executed FLOPs) of one engine pass."""
+    engine = Engine(model, tokenizer, layout, batch_size=batch_size)
+    counter = FlopCounter(model, layout)
+    start = time.perf_counter()
+    bits = engine.correctness(task, examples, head_sets)
+    seconds = time.perf_counter() - start
+    counter.close()
+    return bits, seconds, counter.flops
+
+
 def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data_dir: str | None = None,
               model: Any = None, tokenizer: Any = None, compare_dtype: torch.dtype | None = None) -> dict[str, Any]:
     """Time the engine and the reference on the same examples and head sets; compare per-example results.
@@ -100,36 +112,25 @@ def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data
     start = time.perf_counter()
     ref = np.stack([reference_correctness(model, tokenizer, layout, task, examples, hs) for hs in head_sets])
     t_ref = time.perf_counter() - start
-    engine = Engine(model, tokenizer, layout, batch_size=batch_size)
-    counter = FlopCounter(model, layout)
-    start = time.perf_counter()
-    got = engine.correctness(task, examples, head_sets)
-    t_engine = time.perf_counter() - start
-    counter.close()
+    got, t_engine, flops = _timed_engine(model, tokenizer, layout, batch_size, task, examples, head_sets)
     dtype = next(model.parameters()).dtype
-    config = model.config
+    shapes = (int(model.config.hidden_size), int(model.config.intermediate_size))
     result: dict[str, Any] = {
         "task": task.name, "examples": len(examples), "sets": len(head_sets), "source": source,
         "reference_s": t_ref, "engine_s": t_engine, "speedup": t_ref / max(t_engine, 1e-9),
         "identical": bool(np.array_equal(ref, got)), "accuracy": got.mean(axis=1).tolist(),
-        "dtype": str(dtype).removeprefix("torch."), "engine_flops": counter.flops,
-        "engine_flop_s": counter.flops / max(t_engine, 1e-9),
-        "matmul_peak_flop_s": matmul_peak(int(config.hidden_size), int(config.intermediate_size), dtype),
+        "dtype": str(dtype).removeprefix("torch."), "engine_flops": flops,
+        "engine_flop_s": flops / max(t_engine, 1e-9), "matmul_peak_flop_s": matmul_peak(*shapes, dtype),
     }
     if compare_dtype is not None and compare_dtype != dtype:
-        import copy
+        import copy  # only this branch copies the model
 
         other_model = copy.deepcopy(model).to(compare_dtype)
-        other = Engine(other_model, tokenizer, layout, batch_size=batch_size)
-        counter = FlopCounter(other_model, layout)
-        start = time.perf_counter()
-        other_bits = other.correctness(task, examples, head_sets)
-        t_other = time.perf_counter() - start
-        counter.close()
+        other_bits, t_other, flops = _timed_engine(other_model, tokenizer, layout, batch_size, task, examples,
+                                                   head_sets)
         result["compare"] = {
             "dtype": str(compare_dtype).removeprefix("torch."), "engine_s": t_other,
-            "engine_flop_s": counter.flops / max(t_other, 1e-9),
-            "matmul_peak_flop_s": matmul_peak(int(config.hidden_size), int(config.intermediate_size), compare_dtype),
+            "engine_flop_s": flops / max(t_other, 1e-9), "matmul_peak_flop_s": matmul_peak(*shapes, compare_dtype),
             "differing": int((other_bits != got).sum()), "pairs": int(got.size),
             "accuracy": other_bits.mean(axis=1).tolist(),
         }

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from headedit.model.heads import Head
-from headedit.tasks import register_task
+from headedit.tasks.registry import register_task
 from headedit.demo import data
 from headedit.demo.data import BOS, VOCAB
 from headedit.demo.tasks import PairTask

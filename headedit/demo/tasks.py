@@ -16,7 +16,7 @@ from pathlib import Path
 
 from headedit.errors import TaskError
 from headedit.model.bundled import DEMO_ID, bundled_model_path
-from headedit.tasks import register_task
+from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.demo.data import (
     EOS,

@@ -12,40 +12,11 @@ from typing import Any
 
 from headedit.errors import TaskError
 from headedit.tasks.base import Example, Split, Task
-
-_REGISTRY: dict[str, Task] = {}
-
-
-def register_task(task: Task) -> Task:
-    _REGISTRY[task.name] = task
-    return task
-
-
-def _load_builtin() -> None:
-    # Imported lazily so a broken optional task never breaks `import headedit`.
-    import importlib
-
-    for module in ("arithmetic", "boolq", "hellaswag", "mbpp", "gsm8k"):
-        try:
-            importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as err:
-            if err.name != f"{__name__}.{module}":
-                raise
-    # Task plugins (the bundled demo among them) register through the `headedit.tasks` entry-point group, so
-    # the core never names them; a third-party package adds tasks the same way.
-    from importlib.metadata import entry_points
-
-    for point in entry_points(group="headedit.tasks"):
-        try:
-            point.load()
-        except ModuleNotFoundError as err:
-            if err.name != point.value:
-                raise
-
+from headedit.tasks.registry import REGISTRY, load_all, register_task
 
 def task_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    load_all()
+    return sorted(REGISTRY)
 
 
 LM_EVAL_PREFIX = "lm-eval:"
@@ -63,11 +34,11 @@ def is_task_reference(name: str) -> bool:
 def get_task(name: str) -> Task:
     """A registered task by name; else a task file (`x.yaml[#metric[,filter]]` for lm-eval, `x.toml` for the
     JSONL/CSV shortcut) or `lm-eval:NAME` from lm-eval's registry, built once per file version."""
-    _load_builtin()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    load_all()
+    if name in REGISTRY:
+        return REGISTRY[name]
     if not is_task_reference(name):
-        hint = "known tasks: " + ", ".join(sorted(_REGISTRY)) + "; or a task file (.yaml for lm-eval, .toml)"
+        hint = "known tasks: " + ", ".join(sorted(REGISTRY)) + "; or a task file (.yaml for lm-eval, .toml)"
         if name.partition("#")[0].lower().endswith((".jsonl", ".json", ".csv", ".tsv")):
             hint = "a data file needs a prompt: name a task .toml with data, prompt and choices+label or target"
         raise TaskError(f"unknown task {name!r}", hint)
@@ -112,9 +83,9 @@ def task_from_fields(name: str, fields: Mapping[str, Any], where: str, read: boo
 
     `read=False` (schema-only parsing) registers a JSONL/CSV task without reading its rows, and builds no
     lm-eval task (that loads data): None then."""
-    _load_builtin()
-    if not fields.get("lm_eval") and ((name in _REGISTRY and name not in _FROM_FIELDS) or is_task_reference(name)):
-        raise TaskError(f"{where}: task.name {name!r} is " + ("a built-in task" if name in _REGISTRY else "a task file"),
+    load_all()
+    if not fields.get("lm_eval") and ((name in REGISTRY and name not in _FROM_FIELDS) or is_task_reference(name)):
+        raise TaskError(f"{where}: task.name {name!r} is " + ("a built-in task" if name in REGISTRY else "a task file"),
                         'with task.data, give your task its own name, e.g. name = "support-intent"')
     _FROM_FIELDS.add(name)
     if fields.get("lm_eval"):

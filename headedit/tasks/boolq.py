@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from headedit.errors import TaskError
-from headedit.tasks import register_task
+from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.data import data_dir_from, load_rows, local_file
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from headedit.errors import TaskError
-from headedit.tasks import register_task
+from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.data import carve, load_rows
 

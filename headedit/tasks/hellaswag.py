@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from headedit.errors import TaskError
-from headedit.tasks import register_task
+from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.boolq import train_or_carve
 

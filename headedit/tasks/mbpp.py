@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from headedit.errors import TaskError
 from headedit.tasks.sandbox import Program, SandboxResult, run_many, run_program
-from headedit.tasks import register_task
+from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.data import carve, load_rows
 
