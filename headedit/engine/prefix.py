@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import torch
 
-from headedit.model.geometry import decoder_layers
+from headedit.model.walk import decoder_layers
 from headedit.model.heads import HeadLayout
 
 
