@@ -26,6 +26,7 @@ class FormField:
 FIELDS: tuple[FormField, ...] = (
     FormField("model", "model.id", "Model"),
     FormField("task", "task.name", "Task"),
+    FormField("direction", "discovery.direction", "Direction", "choice"),  # improve the task, or remove it
     FormField("discovery", "task.discovery", "Discovery n", "int"),
     FormField("heldout", "task.heldout", "Held-out n", "int"),
     FormField("screen", "discovery.screen", "Screen", "choice"),
@@ -36,7 +37,7 @@ FIELDS: tuple[FormField, ...] = (
 )
 FIELD_BY_KEY = {f.key: f for f in FIELDS}
 DEFAULT_VALUES = {
-    "model": "", "task": "", "discovery": "2000", "heldout": "1000", "screen": "single",
+    "model": "", "task": "", "direction": "improve", "discovery": "2000", "heldout": "1000", "screen": "single",
     "candidates": "16", "max_heads": "6", "device": "auto", "dtype": "auto",
 }
 

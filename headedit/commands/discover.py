@@ -31,6 +31,10 @@ def print_outcome(console: Any, run_path: Any) -> None:
         f"({selection['gain_points']:+.2f} points, n={selection.get('n', '?')})",
         soft_wrap=True, markup=False, highlight=False,
     )
+    from headedit.discovery.direction import outcome_lines  # remove direction: the retain tasks' moves
+
+    for line in outcome_lines(selection):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     if selection.get("found") is False:  # the evidence rule accepted no step: say so before the last line
         console.print(str(selection.get("reason") or "no set found"), soft_wrap=True, markup=False, highlight=False)
     console.print(f"selected: {heads}", soft_wrap=True, markup=False, highlight=False)

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from headedit.colors import delta_rgb, ink_rgb, scale_max
 from headedit.commands.progress import reporter_for, rich_reporter
+from headedit.export.removal_card import selectivity_line
 from headedit.model.heads import parse_heads
 from headedit.stats import format_p
 
@@ -59,7 +60,9 @@ def render_heatmap(screen: Mapping[str, Any], selected: str = "", max_columns: i
             table.add_row(str(layer), *cells)
         blocks.append(table)
     unit = screen.get("unit", "points")
-    legend = Text(f"{screen.get('method', '?')} screen, {unit}; green = ablating helps, red = hurts"
+    effect = "green = ablating removes more, red = less" if screen.get("direction") == "remove" else \
+        "green = ablating helps, red = hurts"  # remove direction: the screen scores the target's drop
+    legend = Text(f"{screen.get('method', '?')} screen, {unit}; {effect}"
                   f"{'; * selected' if chosen else ''}{'; ~ stopped early' if complete is not None else ''}",
                   style="dim")
     return Group(*blocks, legend)
@@ -154,8 +157,9 @@ class ValidationTable(FitTable):
             lo, hi = row["ci95_points"]
             gain = row["gain_points"]
             style = "green" if gain > 0 else ("red" if gain < 0 else "")
+            prefix = labels.side_prefix.replace("side", "retain") if row.get("retain") else labels.side_prefix
             table.add_row(
-                (labels.side_prefix if side else "") + str(row["task"]), f"{100 * row['intact_acc']:.2f}",
+                (prefix if side else "") + str(row["task"]), f"{100 * row['intact_acc']:.2f}",
                 f"{100 * row['edited_acc']:.2f}", Text(f"{gain:+.2f}", style=style),
                 "-" if rer is None else f"{100 * rer:.1f}%", str(row["n"]), f"[{lo:+.1f},{hi:+.1f}]",
                 _p_cell(row["mcnemar_p"]),
@@ -171,7 +175,7 @@ class ValidationTable(FitTable):
         lines = [str(self.result.get("verdict", "")),
                  "accuracies in %; gain and 95% CI (paired bootstrap) in points; RER = relative error reduction"
                  + ("; p = exact McNemar" if short_p else ""),
-                 damage_text(self.result.get("damage"))]
+                 damage_text(self.result.get("damage")), selectivity_line(self.result)]
         return [line for line in lines if line]
 
     def lines(self) -> Group:
@@ -181,7 +185,7 @@ class ValidationTable(FitTable):
             rer = row.get("relative_error_reduction")
             lo, hi = row["ci95_points"]
             out.append(Text(
-                f"{'side: ' if side else ''}{row['task']}: intact {100 * row['intact_acc']:.2f}, edited "
+                f"{('retain: ' if row.get('retain') else 'side: ') if side else ''}{row['task']}: intact {100 * row['intact_acc']:.2f}, edited "
                 f"{100 * row['edited_acc']:.2f}, gain {row['gain_points']:+.2f}, RER "
                 f"{'-' if rer is None else f'{100 * rer:.1f}%'}, n {row['n']}, 95% CI [{lo:+.1f},{hi:+.1f}], "
                 f"McNemar p {_p_cell(row['mcnemar_p'])}"))

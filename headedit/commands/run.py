@@ -61,7 +61,9 @@ def run(args: argparse.Namespace, console: Any) -> int:
         raise type(err)(err.message, f"{hint}{kept}: `{finish}` finishes it") from None
     console.print(render_validation(result))
     console.print(result["verdict"], soft_wrap=True, markup=False, highlight=False)
-    console.print(f"export: {exported if exported else '(none: no heads selected)'}", soft_wrap=True, markup=False,
+    why = "no heads selected" if not result.get("heads") else \
+        f"validation did not pass; `headedit export {path} --force` exports it anyway"  # a removal that failed
+    console.print(f"export: {exported if exported else f'(none: {why})'}", soft_wrap=True, markup=False,
                   highlight=False)
     print_outcome(console, path)
     return 0

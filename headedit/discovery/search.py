@@ -20,9 +20,9 @@ The decisions depend only on the journal's rows (resume-safe).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
-from typing import Any
+from typing import Any, Protocol
 
 from headedit.discovery import evidence
 from headedit.discovery.objective import scale
@@ -41,6 +41,18 @@ ALL_HEADS_ADDITIONS = 2  # how many first additions draw from every head when as
 
 
 DEFAULT_ALPHA = 0.05  # evidence level per step (docs/discovery.md: why this value)
+
+Ranked = list[tuple[tuple[Head, ...], float]]  # (set, mean objective), best first
+
+
+class Constraint(Protocol):
+    """A condition every selectable set must meet beyond the objective (headedit.discovery.direction's retain
+    tasks): `admit` keeps, in rank order, the sets that meet it (checking lazily, at least `need` of them when it
+    can); `refusal` says why a step had none. With a constraint every set is scored completely (no pruning)."""
+
+    def admit(self, ranked: Ranked, need: int) -> Ranked: ...
+
+    def refusal(self, size: int) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -191,8 +203,11 @@ def joint_search(
     all_heads: Sequence[Head],
     spec: SearchSpec,
     reporter: Reporter = null_reporter,
+    constraint: Constraint | None = None,
 ) -> SearchResult:
     pool = list(candidates)
+    if constraint is not None and spec.prune:
+        spec = replace(spec, prune=False)  # pruned sets carry partial scores; a constraint may need any of them
     objective, factor, n = scorer.objective, scale(scorer.objective), scorer.n
     reporter(StageStarted(STAGE, total=spec.max_heads, description=f"joint search over {len(pool)} candidates"))
     scorer.ensure([()], stage=STAGE)
@@ -229,7 +244,8 @@ def joint_search(
         known = {format_heads(s): a for s, a in ranked}
         old = [(s, scorer.mean(s)) for s in sets if format_heads(s) not in known and tried.get(format_heads(s)) == n]
         full = sorted([x for x in ranked if tried[format_heads(x[0])] == n] + old, key=_order)
-        return full + [x for x in ranked if tried[format_heads(x[0])] < n]
+        out = full + [x for x in ranked if tried[format_heads(x[0])] < n]
+        return constraint.admit(out, max(1, need)) if constraint is not None else out
 
     def accept(size: int, scored: list[tuple[tuple[Head, ...], float]], family: int) -> bool:
         """Test the step's best (complete) set against the current best; record the decision."""
@@ -274,6 +290,10 @@ def joint_search(
         scored = evaluate([expansions[k] for k in sorted(expansions)], spec.beam if size < spec.max_heads else 1)
         reporter(StageProgress(STAGE, size, spec.max_heads))
         family = evidence.greedy_family(beam, pool_for(size) if spec.independent_pool else all_heads)
+        if not scored and constraint is not None:  # every set of this size broke the constraint
+            steps.append(evidence.Step(size, "", format_heads(best), 0.0, 0.0, 1.0, family, spec.alpha / family,
+                                       False, constraint.refusal(size)))
+            break
         if not accept(size, scored, family):
             break
         best = scored[0][0]

@@ -32,6 +32,7 @@ from headedit.export.card_metadata import (
     versions,
 )
 from headedit.export.provenance import Provenance, provenance
+from headedit.export.removal_card import card_limitations, card_section
 from headedit.model.heads import parse_heads
 
 TEMPLATE = "headedit.md"
@@ -231,11 +232,13 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     model_name = repo_id.split("/")[-1] if repo_id else repo_name(f"{short}-headedit-{task}")
     target = repo_id or placeholder_repo_id(model_name)
     datasets = sorted({d for d, _ in (dataset_of(r) for r in [validation, *side]) if d})
+    removal = card_section(validation)  # direction = "remove": the card says what was removed and what was retained
 
     card_data = ModelCardData(
         base_model=origin.base_model, base_model_relation="finetune" if origin.base_model else None,
         library_name="transformers", pipeline_tag="text-generation", license=origin.license,
-        datasets=datasets or None, tags=["headedit", "head-ablation", task], model_name=model_name,
+        datasets=datasets or None, tags=["headedit", "head-ablation", task] + (["capability-removal"] if removal else []),
+        model_name=model_name,
         eval_results=[r for row in [validation, *side] for r in eval_results(row, split)],
     )
     delta = (screen or {}).get("delta")
@@ -251,7 +254,7 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
         else f"a model without a known Hub id (`{short}`)"
     summary = (
         f"This checkpoint is {base_text} with {len(heads)} attention head(s) zeroed ({heads_text or 'none'}), "
-        f"found by headedit for the task {task}. Each head's columns of its layer's attention output projection "
+        f"found by headedit {'to remove the capability' if removal else 'for the task'} {task}. Each head's columns of its layer's attention output projection "
         f"(`o_proj.weight[:, h*d:(h+1)*d]`, d = {layout.get('head_dim', 'head_dim')}) are set to zero, which removes "
         "that head's contribution for every input; no weight was trained and no shape changed. "
         f"On held-out data, accuracy went from {_pct(validation.get('intact_acc'))} to "
@@ -264,7 +267,7 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     card = ModelCard.from_template(
         card_data,
         template_path=str(template_path()),
-        title=f"{short}, {len(heads)} head(s) ablated for {task}",
+        title=f"{short}, {len(heads)} head(s) ablated {'to remove' if removal else 'for'} {task}", removal=removal,
         summary=summary, split=split, results=[_row(validation)], verdict=str(validation.get("verdict", "n/a")),
         damage=damage_line(validation), side_effects=[_row(s) for s in side], heads_count=len(heads),
         total_heads=total_heads,
@@ -275,7 +278,8 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
         discovery_n=(screen or {}).get("n") or ((run or {}).get("task") or {}).get("discovery_n", "n/a"),
         method=_method(run, screen, search, selection, validation), repo_id=target, placeholder=repo_id is None,
         base_model=origin.base_model, base_from=origin.base_from, license=origin.license,
-        license_from=origin.license_from, limitations=_limitations(validation, side), recipe=recipe,
+        license_from=origin.license_from, limitations=card_limitations(validation, side) or _limitations(validation, side),
+        recipe=recipe,
         versions=packages, environment=environment,
         weight_hashes=weights + [(f"source: {n}", d) for n, d in source_weights],
         headedit_version=manifest.get("headedit_version", __version__),

@@ -108,12 +108,13 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
         return
     spec = SearchSpec.from_recipe(recipe.discovery)
     candidates = screen.top(recipe.discovery.candidates)
-    result = joint_search(search_scorer, candidates, loaded.layout.all_heads(), spec, reporter,
+    result = joint_search(search_scorer, candidates, loaded.layout.all_heads(), spec,
+                          removal.search_reporter(reporter) if removal else reporter,
                           constraint=removal.constraint if removal else None)
     run.write(SEARCH_FILE, {**result.to_json(), **(removal.search_fields() if removal else {})})
     record = selection_record(result, len(search_rows), screen.method, spec.alpha)
     if removal is not None:
-        record.update(removal.selection_fields(result, search_scorer))
+        record.update(removal.finish(result, search_scorer, reporter))
     if cut:
         record.update(screen_rows=cut, search_split=SEARCH_SPLIT)
     run.write(SELECTION_FILE, record)

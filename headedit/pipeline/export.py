@@ -15,6 +15,7 @@ from headedit.export.bake import bake_into, write_manifest
 from headedit.export.card import write_card
 from headedit.export.hub import check_account, check_repo_id, hub_errors, hub_token, push_export, validation_passed
 from headedit.model.loading import resolve_model
+from headedit.pipeline.selectivity import export_refusal
 from headedit.recipe import Recipe
 from headedit.runs import RECIPE_FILE, SCREEN_FILE, SELECTION_FILE, VALIDATION_FILE, Run
 
@@ -39,6 +40,7 @@ def export_run(
     recipe = run.recipe()
     selection = run.selection()
     heads = heads_to_export(run_dir.name, selection, force)
+    export_refusal(run, recipe, force)  # a removal exports only once validation showed it real and selective
     source = resolve_model(recipe.model.id, recipe.model.revision)
     if push:
         _preflight_push(run_dir, push)

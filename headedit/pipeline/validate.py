@@ -24,6 +24,7 @@ from headedit.engine.damage import no_damage
 from headedit.engine.damage import reference as damage_reference
 from headedit.export.bake import bake
 from headedit.pipeline.loaded import load_for, load_split
+from headedit.pipeline.selectivity import removal_verdict, validation_task_names
 from headedit.runs import VALIDATION_FILE, Journal, Run
 from headedit.stats import format_p, paired_summary
 from headedit.tasks import get_task
@@ -80,7 +81,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
     with run.lock(), run.journal() as journal:
         loaded = load_for(recipe, reporter=reporter)
         heads = format_heads(parse_heads(str(selection.get("heads", "")), loaded.layout))
-        tasks = [loaded.task] + [get_task(name) for name in recipe.validation.side_tasks]
+        tasks = [loaded.task] + [get_task(name) for name in validation_task_names(recipe)]  # side + retain tasks
         splits = {t.name: list(load_split(recipe, t, "heldout", recipe.task.heldout).examples) for t in tasks}
         # "auto" batch: the size probed during discovery (kept in run.json) for this device, else probe now
         resolve_batch(loaded.engine, recipe.model.batch_size, loaded.task, splits[loaded.task.name], run, reporter)
@@ -125,6 +126,9 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         rows.append(row)
     main = rows[0]
     passed, text = verdict(main, alpha) if heads else (False, "no heads were selected: nothing to validate")
+    removal = removal_verdict(recipe, rows, alpha) if heads else None  # direction = "remove": its own verdict
+    if removal is not None:
+        passed, text = removal.passed, removal.text
     result = {
         "task": main["task"], "dataset_id": main["dataset_id"], "split": "heldout", "metric": main["metric"],
         "n": main["n"], "heads": heads, "intact_acc": main["intact_acc"], "edited_acc": main["edited_acc"],
@@ -133,6 +137,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         "edited_source": "baked checkpoint, reloaded" if heads else "intact",
         "damage": damage,
         "side_tasks": [{k: v for k, v in r.items() if k != "relative_error_reduction"} for r in rows[1:]],
+        **(removal.fields if removal is not None else {}),
     }
     run.write(VALIDATION_FILE, result)
     reporter(StageFinished(STAGE, text))

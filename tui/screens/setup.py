@@ -22,7 +22,8 @@ from headedit.model.heads import HeadLayout, parse_heads
 from headedit.tui import form
 from headedit.tui.screens.base import StepScreen
 
-CHOICES = {"screen": ("single", "compressed", "gradient"), "dtype": ("auto", "float32", "bfloat16", "float16")}
+CHOICES = {"screen": ("single", "compressed", "gradient"), "dtype": ("auto", "float32", "bfloat16", "float16"),
+           "direction": ("improve", "remove")}
 INSPECT_DELAY = 0.4  # seconds of quiet typing before the model is inspected
 
 
