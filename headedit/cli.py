@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headedit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit import commands
 
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):

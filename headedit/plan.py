@@ -108,6 +108,7 @@ def _with_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def read_model_config(model_id: str, revision: str | None = None, model_path: str | Path | None = None,
                       ) -> tuple[dict[str, Any], Path | None, str]:
     """(config, local model folder or None, description). `model_path` may be a folder or a config.json file."""
+    # lazy: torch-backed, loaded only when a model is
     from headedit.model.loading import resolve_model, source_config
 
     if model_path is not None:
@@ -156,6 +157,7 @@ def load_tokenizer(path: Path | None) -> Any:
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the library never prints; a failed load is reported in the plan's notes
     try:
+        # lazy: only GGUF sources need the GGUF reader
         from headedit.model.gguf_source import find_gguf, gguf_tokenizer
 
         gguf = find_gguf(path)
@@ -170,6 +172,7 @@ def load_tokenizer(path: Path | None) -> Any:
 
 def token_stats(task_name: str, recipe: Recipe, tokenizer: Any, size: int) -> TokenStats:
     """Measure sequence lengths on up to STATS_SAMPLE discovery examples of `task_name`."""
+    # lazy: the task registry (and the task files it may build) loads on first use
     from headedit.tasks import get_task
 
     task = get_task(task_name)
@@ -187,6 +190,7 @@ def token_stats(task_name: str, recipe: Recipe, tokenizer: Any, size: int) -> To
     source, note = "tokenizer", ""
     if tokenizer is not None:
         try:
+            # lazy: torch-backed, loaded only when a model is
             from headedit.engine.batch import plan_example
 
             kwargs = dict(recipe.model.chat_template_kwargs)
@@ -318,6 +322,7 @@ def make_plan(recipe: Recipe, config: Mapping[str, Any], *, tokenizer: Any = Non
     val_tokens = 2 * main.mean * t.heldout
     notes = []
     for side in recipe.validation.side_tasks:
+        # lazy: the task registry (and the task files it may build) loads on first use
         from headedit.tasks import get_task
 
         held = get_task(side).default_sizes[1]

@@ -37,7 +37,12 @@ def test_eval_bad_input_is_one_line(model_dir, capsys):
     assert len(err) == 2 and all(line.startswith("headedit: error:") for line in err)
 
 
-def test_bench_eval_last_line(capsys):
-    assert main(["bench", "eval", "--task", "boolq", "--n", "4", "--sets", "2"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("speedup: ") and last.endswith("x identical: yes")
+def test_bench_eval_reports_speedup_flops_and_a_second_dtype(capsys):
+    assert main(["bench", "eval", "--task", "boolq", "--n", "4", "--sets", "2", "--compare-dtype", "bfloat16"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    speed = next(line for line in lines if line.startswith("speedup: "))
+    assert speed.endswith("x identical: yes")
+    flops = next(line for line in lines if line.startswith("engine: "))
+    assert "GFLOP/s executed" in flops and "plain float32 matmul" in flops
+    other = next(line for line in lines if line.startswith("bfloat16: engine"))
+    assert "results differ on" in other and "of 8 (set, example) pairs" in other

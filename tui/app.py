@@ -64,6 +64,7 @@ class HeadeditApp(App[None]):
 
     # ---- navigation (called by screens) ------------------------------------------------------
     def start_discovery(self, recipe: Any, layout_info: dict[str, Any], compare: str | None = None) -> None:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.runs import default_run_dir
 
         self.compare = compare
@@ -78,6 +79,7 @@ class HeadeditApp(App[None]):
         run_dir = Path(run_dir)
 
         def stages() -> list[Screen[Any]]:
+            # lazy: the app paints before the pipeline and its models load
             from headedit.runs import Run
 
             Run.open(run_dir)
@@ -112,6 +114,7 @@ class HeadeditApp(App[None]):
 
     def open_publish(self, run_dir: Path) -> None:
         def publish() -> list[Screen[Any]]:
+            # lazy: the app paints before the pipeline and its models load
             from headedit.runs import Run
 
             recipe = Run.open(run_dir).recipe()

@@ -82,6 +82,7 @@ def recipe_text(values: dict[str, str], base: Any | None = None) -> str:
 
 def validate(values: dict[str, str], base: Any | None = None) -> tuple[Any | None, str, dict[str, str]]:
     """(recipe or None, recipe text, {field id: message}); unknown fields land under the key ''."""
+    # lazy: the app paints before the pipeline and its models load
     from headedit.recipe import parse_recipe
 
     text = recipe_text(values, base)

@@ -57,6 +57,7 @@ def run_bench(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example
     (b) and (c) take well under a second on the demo, so each runs `repeat` times from cold (fresh engine and
     journal) and reports the fastest, as timeit does; (a) runs once. Every repeat must select the same heads.
     """
+    # lazy: loaded when a benchmark runs
     from headedit.engine.reference import reference_correctness
     from headedit.engine.core import Engine
 
@@ -106,6 +107,7 @@ def run_bench(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example
 
 
 def model_and_task(model_id: str | None, task_name: str | None, n: int) -> tuple[Any, Any, Task, list, str]:
+    # lazy: loaded when a benchmark runs
     from headedit.bench.eval import bench_examples
     from headedit.model.loading import load_model, resolve_model
     from headedit.tasks import get_task
@@ -121,6 +123,7 @@ def model_and_task(model_id: str | None, task_name: str | None, n: int) -> tuple
         task = get_task(task_name or ("copy-first" if model_id == "headedit:demo" else "boolq"))
         examples = list(task.load("discovery", n, 0, None).examples)
         return model, tokenizer, task, examples, f"{model_id}, {task.name} discovery split"
+    # lazy: loaded when a benchmark runs
     from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     model = tiny_model(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128)

@@ -25,6 +25,7 @@ _WORDS = ("the river city was built on a hill near old stone bridge where people
 
 def synthetic_boolq(n: int, seed: int = 0) -> list[Example]:
     """BoolQ-schema examples (passage, question, yes/no) made of common words; prompt format as the real task."""
+    # lazy: loaded when a benchmark runs
     from headedit.tasks.boolq import BoolQTask
 
     rng = random.Random(seed)
@@ -37,6 +38,7 @@ def synthetic_boolq(n: int, seed: int = 0) -> list[Example]:
 
 
 def synthetic_hellaswag(n: int, seed: int = 0) -> list[Example]:
+    # lazy: loaded when a benchmark runs
     from headedit.tasks.hellaswag import HellaSwagTask
 
     rng = random.Random(seed)
@@ -53,6 +55,7 @@ def synthetic_hellaswag(n: int, seed: int = 0) -> list[Example]:
 
 def bench_examples(task: Task, n: int, data_dir: str | None) -> tuple[list[Example], str]:
     """Real rows when a data folder is known (or for generated arithmetic), else synthetic rows of the schema."""
+    # lazy: loaded when a benchmark runs
     from headedit.tasks.data import data_dir_from
 
     if task.name == "arithmetic" or data_dir_from(data_dir) is not None:
@@ -98,6 +101,7 @@ def run_bench(task: Task, n: int = 32, sets: int = 4, batch_size: int = 16, data
     With `compare_dtype`, the engine also runs a copy of the model in that dtype (e.g. bfloat16) and the result
     says on how many (set, example) pairs its correctness differs from the model's own dtype.
     """
+    # lazy: loaded when a benchmark runs
     from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
     torch.manual_seed(0)

@@ -34,6 +34,7 @@ def build_model(config_file: Path | None, device: str, dtype: torch.dtype, tiny:
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    # lazy: loaded when a benchmark runs
     from headedit.bench.tiny import tiny_config, tiny_tokenizer
 
     vocab = len(tiny_tokenizer())
@@ -61,6 +62,7 @@ def build_model(config_file: Path | None, device: str, dtype: torch.dtype, tiny:
 
 def run_bench(model: Any, n: int = 128, naive_sets: int = 3, naive_n: int = 16, batch_size: int | str = "auto",
               reporter: Any = None) -> dict[str, Any]:
+    # lazy: loaded when a benchmark runs
     from headedit.engine.autobatch import resolve_batch
     from headedit.engine.reference import reference_correctness
     from headedit.engine.core import Engine

@@ -23,6 +23,7 @@ def run_screens(model: Any, tokenizer: Any, task: Task, examples: Sequence[Examp
                 fraction: float = 0.25, sets: int | None = None, seed: int = 0,
                 batch_size: int = 64) -> dict[str, Any]:
     """Per screen: wall seconds, distinct ablated sets evaluated, set-examples, its top-k, overlap@k with single."""
+    # lazy: loaded when a benchmark runs
     from headedit.discovery.compressed import compressed_screen
     from headedit.discovery.gradient import gradient_screen
     from headedit.discovery.single import single_screen

@@ -84,6 +84,7 @@ def _eval(args: argparse.Namespace, console: Any) -> int:
         raise HeadeditError("--n, --sets and --batch-size must be at least 1", "e.g. --n 32 --sets 4")
     import torch
 
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.bench.eval import run_bench
     from headedit.tasks import get_task
 
@@ -91,6 +92,7 @@ def _eval(args: argparse.Namespace, console: Any) -> int:
     model = tokenizer = None
     label = "tiny random Llama"
     if args.model is not None:
+        # lazy: the CLI starts, and reports bad input, without loading torch
         from headedit.model.loading import load_model
 
         model, tokenizer, _ = load_model(args.model, dtype=args.dtype, device="cpu")
@@ -117,6 +119,7 @@ def _eval(args: argparse.Namespace, console: Any) -> int:
 def _discover(args: argparse.Namespace, console: Any) -> int:
     if min(args.n, args.candidates, args.max_heads, args.beam, args.repeat) < 1:
         raise HeadeditError("--n, --candidates, --max-heads, --beam and --repeat must be at least 1", "e.g. --n 256")
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.bench.discover import model_and_task, run_bench
 
     model, tokenizer, task, examples, source = model_and_task(args.model, args.task, args.n)
@@ -142,6 +145,7 @@ def _screens(args: argparse.Namespace, console: Any) -> int:
     if args.n < 1 or args.k < 1 or (args.sets is not None and args.sets < 2) or not 0 < args.fraction < 1:
         raise HeadeditError("--n and --k must be at least 1, --sets at least 2, --fraction between 0 and 1",
                             "e.g. --n 1000 --k 4 --fraction 0.25")
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.bench.discover import model_and_task
     from headedit.bench.screens import run_screens
 
@@ -169,6 +173,7 @@ def _gpu(args: argparse.Namespace, console: Any) -> int:
         batch = int(batch)
     import torch
 
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.bench.gpu import DEFAULT_CONFIG, build_model, run_bench
 
     device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")

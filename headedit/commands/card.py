@@ -27,6 +27,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
     if not Path(export).is_dir():
         raise ExportError(f"export folder {export} not found", "bake it first (`headedit export RUN`) or pass --export DIR")
     if args.repo is not None:
+        # lazy: the CLI starts, and reports bad input, without loading torch
         from headedit.export.hub import check_repo_id
 
         check_repo_id(args.repo)

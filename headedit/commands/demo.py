@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from headedit.model.bundled import DEMO_ID
+
 DEMO_RECIPE = "demo.toml"
 
 
@@ -29,23 +31,24 @@ def add_parser(sub: Any) -> None:
 
 def _retrained_recipe_text(text: str, model_dir: Path) -> str:
     """The demo recipe pointed at a freshly trained checkpoint instead of the committed one."""
-    from headedit.model.bundled import DEMO_ID
-
     return text.replace(f'id = "{DEMO_ID}"', f'id = "{model_dir.resolve().as_posix()}"', 1)
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
     from rich.rule import Rule
 
+    from headedit.commands.render import render_heatmap, render_validation, rich_reporter
+    from headedit.model.inspect import inspect_model
+
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.pipeline import run as run_all
     from headedit.recipe import parse_recipe
-    from headedit.commands.render import render_heatmap, render_validation, rich_reporter
-    from headedit.runs import Run, SCREEN_FILE, SELECTION_FILE
-    from headedit.model.inspect import inspect_model
+    from headedit.runs import SCREEN_FILE, SELECTION_FILE, Run
 
     started = time.monotonic()
     text = demo_recipe_text()
     if args.retrain:
+        # lazy: the CLI starts, and reports bad input, without loading torch
         from headedit.demo.train import train
 
         model_dir = Path(args.runs) / "demo-model"

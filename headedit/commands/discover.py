@@ -18,6 +18,7 @@ def add_parser(sub: Any) -> None:
 
 def print_outcome(console: Any, run_path: Any) -> None:
     """Heatmap, selection, and the machine-readable last line `selected: L.H,...`."""
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.commands.render import render_heatmap
 
     found = Run.open(run_path)
@@ -41,6 +42,7 @@ def print_outcome(console: Any, run_path: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.pipeline import discover
     from headedit.recipe import load_recipe
     from headedit.commands.render import rich_reporter
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
             path = discover(None, args.resume, resume=True, reporter=reporter)
         else:
             path = discover(load_recipe(args.recipe), args.out, reporter=reporter)
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.pipeline.parallel import is_main_process
 
     if not is_main_process():  # torchrun: rank 0 alone owns the run folder and prints the outcome

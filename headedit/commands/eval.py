@@ -44,6 +44,7 @@ def add_parser(sub: Any) -> None:
 
 def provenance(args: argparse.Namespace, model: Any) -> dict[str, Any]:
     """Which model, on what, with which software, when: enough to reproduce or compare a result."""
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.model.loading import resolve_model
     from headedit.tasks.source import package_versions
 
@@ -85,6 +86,7 @@ def check_out_folder(path: str | None, option: str) -> None:
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.commands.progress import reporter_for
     from headedit.model.loading import load_model
     from headedit.pipeline.evaluate import evaluate_loaded  # the library function (also headedit.evaluate)
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
         result.update(provenance(args, model))
         write_atomic(Path(args.json_out), json.dumps(result, indent=2) + "\n")
     if args.samples_out and samples is not None:
+        # lazy: the CLI starts, and reports bad input, without loading torch
         from headedit.tasks.samples import write_samples
 
         write_samples(Path(args.samples_out), samples)

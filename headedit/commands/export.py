@@ -69,6 +69,7 @@ def check_run_target(run_dir: Path, option: str = "--out") -> None:
 
 def check_push_target(repo_id: str) -> None:
     """A push that cannot succeed (bad repo id, no token, read-only token, foreign namespace) fails now."""
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.export.hub import check_account, check_repo_id, hub_errors, hub_token
 
     check_repo_id(repo_id)

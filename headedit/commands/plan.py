@@ -70,6 +70,7 @@ def stage_table(plan: Plan) -> Any:
     from rich import box
     from rich.table import Table
 
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.commands.render import FitTable
 
     def build(level: int) -> Table:
@@ -132,6 +133,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
         console.print(f"tokens per example, {t.task}: mean {t.mean:.1f}, max {t.max} ({t.source}, {t.sampled} sampled)"
                       + (f": {t.note}" if t.note else ""))
     if any(t.source == "assumed" for t in plan.tokens):
+        # lazy: the CLI starts, and reports bad input, without loading torch
         from headedit.offline import hub_unreachable
 
         reason = hub_unreachable()

@@ -17,6 +17,7 @@ def add_parser(sub: Any) -> None:
 
 
 def builtin_rows() -> list[dict[str, Any]]:
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.tasks import get_task, task_names
 
     rows = []
@@ -29,6 +30,7 @@ def builtin_rows() -> list[dict[str, Any]]:
 
 def describe(reference: str) -> dict[str, Any]:
     """describe() of the task, its source (files and hashes) and, for task files, the first example."""
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.tasks import get_task
     from headedit.tasks.source import task_source
 

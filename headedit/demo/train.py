@@ -102,6 +102,7 @@ def fit(
 
     Returns the mean answer loss over the last 100 steps.
     """
+    # lazy: torch-backed, loaded only when a model is
     from headedit.model.ablation import ablate
 
     gen = torch.Generator().manual_seed(seed + 1)

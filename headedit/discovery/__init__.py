@@ -22,15 +22,18 @@ def run_screen(
     d = recipe.discovery
     layout = loaded.layout
     if d.screen == "single":
+        # lazy: only the chosen screen's module loads (the gradient screen needs torch)
         from headedit.discovery.single import single_screen
 
         return single_screen(scorer, layout, early_stop, reporter)
     if d.screen == "compressed":
+        # lazy: only the chosen screen's module loads (the gradient screen needs torch)
         from headedit.discovery.compressed import compressed_screen
 
         count = d.compressed_set_count(layout.total_heads)
         return compressed_screen(scorer, layout, count, d.compressed_fraction, d.seed, reporter)
     if d.screen == "gradient":
+        # lazy: only the chosen screen's module loads (the gradient screen needs torch)
         from headedit.discovery.gradient import gradient_screen
 
         return gradient_screen(loaded.engine, loaded.task, examples, scorer, layout, reporter)

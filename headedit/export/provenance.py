@@ -64,6 +64,7 @@ def _licence_of_text(text: str) -> str | None:
 def gguf_facts(path: Path) -> tuple[str | None, str | None]:
     """(original Hub id, licence) from a GGUF file's `general.*` metadata."""
     try:
+        # lazy: only GGUF sources need the GGUF reader
         from headedit.model.gguf_edit import read_gguf_summary
 
         meta = read_gguf_summary(path).metadata
@@ -123,6 +124,7 @@ def hub_licence(repo_id: str, revision: str | None) -> str | None:
             value = _front_matter(Path(cached).read_text(encoding="utf-8", errors="replace")).get("license")
             if isinstance(value, str) and value:
                 return value
+        # lazy: only a Hub lookup needs the network probe
         from headedit.offline import hub_unreachable
 
         if hub_unreachable():

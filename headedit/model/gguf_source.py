@@ -129,6 +129,7 @@ def _config_cached(gguf_str: str, size: int, mtime: int) -> str:
     if target.is_file():
         return target.read_text(encoding="utf-8")
     _require_extra()
+    # lazy: only GGUF sources need the GGUF reader
     from headedit.model.gguf_edit import read_gguf_summary
 
     read_gguf_summary(gguf)  # a truncated or hostile file fails here, bounded, in one line

@@ -64,6 +64,7 @@ def evaluate_loaded(
         "examples": [{"index": ex.index, "correct": bool(c)} for ex, c in zip(examples, correct, strict=True)],
     }
     if log_samples:
+        # lazy: the task registry (and the task files it may build) loads on first use
         from headedit.tasks.samples import sample_records
 
         result["samples"] = sample_records(engine, task, examples, head_set, [bool(c) for c in correct])
@@ -81,6 +82,7 @@ def evaluate(
     `model` is a model folder, a Hub id or `headedit:demo` (loaded here), or an already loaded transformers
     model (then pass its `tokenizer`). `progress` receives the typed events of `headedit.events`.
     """
+    # lazy: torch-backed, loaded only when a model is
     from headedit.model.heads import HeadLayout
     from headedit.model.loading import load_model
 

@@ -191,6 +191,7 @@ class Shard:
         """`with_values`: eval_fn returns (bits, float values) and so does the wrapper (a continuous objective)."""
         import torch.distributed as dist
 
+        # lazy: loaded on first use
         from headedit.discovery.scorer import Cancelled
 
         def sharded(sets: list, start: int, stop: int) -> Any:

@@ -62,16 +62,19 @@ def get_task(name: str) -> Task:
 def _build_reference(name: str, path_text: str, fragment: str) -> Task:
     # Imported here: task files are optional and lm-eval is heavy; built-in names never load these modules.
     if name.startswith(LM_EVAL_PREFIX):
+        # optional: task files need lm-eval (an extra); built-in names never load these modules
         from headedit.tasks.lmeval import LmEvalTask
 
         return LmEvalTask(name, lm_eval_name=path_text[len(LM_EVAL_PREFIX):], pick=fragment or None)
     path = Path(path_text).expanduser()
     if path.suffix.lower() == ".toml":
+        # optional: task files need lm-eval (an extra); built-in names never load these modules
         from headedit.tasks.files import task_from_toml
 
         if fragment:
             raise TaskError(f"task file {path.name} takes no #{fragment}", "a JSONL/CSV task has one metric")
         return task_from_toml(path, name)
+    # optional: task files need lm-eval (an extra); built-in names never load these modules
     from headedit.tasks.lmeval import LmEvalTask
 
     return LmEvalTask(name, path=path, pick=fragment or None)
@@ -89,6 +92,7 @@ def task_from_fields(name: str, fields: Mapping[str, Any], where: str, read: boo
                         'with task.data, give your task its own name, e.g. name = "support-intent"')
     _FROM_FIELDS.add(name)
     if fields.get("lm_eval"):
+        # optional: task files need lm-eval (an extra); built-in names never load these modules
         from headedit.tasks.lmeval import LmEvalTask, require_lm_eval
 
         require_lm_eval(f"task.lm_eval {fields['lm_eval']!r}")
@@ -96,6 +100,7 @@ def task_from_fields(name: str, fields: Mapping[str, Any], where: str, read: boo
             return None
         task: Task = LmEvalTask(name, lm_eval_name=str(fields["lm_eval"]), include_path=fields.get("include_path"))
     else:
+        # optional: task files need lm-eval (an extra); built-in names never load these modules
         from headedit.tasks.files import FileTask, spec_from_table
 
         task = FileTask(name, spec_from_table(fields, where), read=read)

@@ -60,6 +60,7 @@ def logprob_totals(engine: Engine, task: Task, examples: Sequence[Example],
 
 def generations(engine: Engine, task: Task, examples: Sequence[Example], head_set: tuple[Head, ...]) -> list[str]:
     """Greedy texts under the head set: the engine's cached drafts when intact, plain generation when ablated."""
+    # lazy: torch-backed, loaded only when a model is
     from headedit.engine.generate import finish_text, get_drafts, greedy_generate
     from headedit.model.ablation import ablate
 
@@ -109,6 +110,7 @@ def sample_records(engine: Engine, task: Task, examples: Sequence[Example], head
 
 def write_samples(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """JSON lines, written whole or not at all (temp file, then rename)."""
+    # lazy: loaded on first use
     from headedit.atomic import write_bytes_atomic
 
     text = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)

@@ -61,6 +61,7 @@ def results_table(validation: dict[str, Any]) -> Table:
 
 def record_choice(run_dir: Path, heads: str, reporter: Any) -> None:
     """Make `heads` the run's selection; the library keeps the search's own choice on record."""
+    # lazy: the app paints before the pipeline and its models load
     from headedit import pipeline
 
     pipeline.select(run_dir, heads, reporter=reporter)
@@ -118,6 +119,7 @@ class BakeValidateScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="validate", name="validate")
     def run_validation(self, heads: str | None) -> dict[str, Any]:
+        # lazy: the app paints before the pipeline and its models load
         from headedit import pipeline
 
         if heads is not None:

@@ -151,6 +151,7 @@ class CandidatesScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="evaluate", name="evaluate")
     def evaluate(self, heads: str) -> tuple[str, float]:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.pipeline import evaluate_set
 
         return heads, float(evaluate_set(self.run_dir, heads, reporter=self.reporter))

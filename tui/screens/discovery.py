@@ -34,6 +34,7 @@ STATUS = {
 
 
 def read_json(path: Path) -> Any:
+    # lazy: the app paints before the pipeline and its models load
     from headedit.runs import read_json as _read
 
     return _read(path)
@@ -119,6 +120,7 @@ class DiscoveryScreen(StepScreen):
         log.write(f"selected {self.selected or '(none)'}" + ("" if gain is None else f": {float(gain):+.1f} pts"))
 
     def show_selection(self, selection: dict[str, Any]) -> None:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.model.heads import parse_heads
 
         self.query_one(HeadHeatmap).set_selected(parse_heads(selection.get("heads", "")))
@@ -146,6 +148,7 @@ class DiscoveryScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="discover", name="discover")
     def run_discover(self, resume: bool) -> Path:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.pipeline import discover
 
         if resume:

@@ -79,6 +79,7 @@ class PublishScreen(StepScreen):
     # ---- export and preview -----------------------------------------------------------------
     @work(thread=True, exclusive=True, exit_on_error=False, group="export", name="export")
     def make_export(self) -> Path:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.pipeline.export import default_export_dir, export_run
         from headedit.runs import Run
 
@@ -86,6 +87,7 @@ class PublishScreen(StepScreen):
         target = self.export_dir or default_export_dir(run.recipe())
         manifest = Path(target) / "headedit.json"
         if manifest.is_file():  # an earlier export of this run: reuse it when it holds the same heads
+            # lazy: the app paints before the pipeline and its models load
             from headedit.export.bake import read_manifest
 
             if read_manifest(Path(target)).get("heads") == run.selection().get("heads"):
@@ -94,6 +96,7 @@ class PublishScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="preview", name="preview")
     def render_preview(self, repo_id: str | None) -> str:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.export.card import render_card
 
         assert self.export_dir is not None
@@ -118,6 +121,7 @@ class PublishScreen(StepScreen):
         self.schedule_preview()
 
     def check_repo(self) -> str | None:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.export.hub import check_repo_id
 
         repo = self.query_one("#repo", Input).value.strip()
@@ -153,6 +157,7 @@ class PublishScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="push", name="push")
     def push(self, repo: str, private: bool) -> str:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.export.card import write_card
         from headedit.export.hub import push_export
 

@@ -133,6 +133,7 @@ class SetupScreen(StepScreen):
 
     def load_recipe_file(self, path: Path) -> None:
         """Fill the form from a recipe file; a broken file is reported inline, not raised."""
+        # lazy: the app paints before the pipeline and its models load
         from headedit.recipe import load_recipe
 
         try:
@@ -225,6 +226,7 @@ class SetupScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="inspect", name="inspect")
     def inspect_model(self, model: str) -> tuple[str, dict[str, Any]]:
+        # lazy: the app paints before the pipeline and its models load
         from headedit.model.inspect import inspect_model
 
         self.app.call_from_thread(self.query_one("#layout", Static).update, f"inspecting {model}…")
