@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -231,6 +232,262 @@ BAKE = ("bake", "{case}/m", "--heads", "0.1", "--out", "{case}/out")
 PUSH = ("push", "{export}", "--repo", "{user}/corpus")
 
 
+# ---- issue 18: hostile inputs of every class (secrets, binding, run trust, size bounds, internal errors) -----
+def write_safetensors(path: Path, header: object, data: bytes = b"") -> None:
+    """A safetensors file with exactly this header (any JSON), for headers no writer would produce."""
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+def model_config_raw(text: str) -> Callable[[Path, Shared], None]:
+    def setup(case: Path, shared: Shared) -> None:
+        config = json.loads((shared.model / "config.json").read_text())
+        folder = copy_model(case, shared)
+        (folder / "config.json").write_text(json.dumps(config)[:-1] + ", " + text + "}")
+    return setup
+
+
+def model_header(header: object) -> Callable[[Path, Shared], None]:
+    def setup(case: Path, shared: Shared) -> None:
+        write_safetensors(copy_model(case, shared) / "model.safetensors", header, b"\0" * 64)
+    return setup
+
+
+def model_index(weight_map: object) -> Callable[[Path, Shared], None]:
+    def setup(case: Path, shared: Shared) -> None:
+        folder = copy_model(case, shared)
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return setup
+
+
+def model_side_file_links_out(case: Path, shared: Shared) -> None:
+    (case / "private.txt").write_text("a private file next to the model, not part of it\n")
+    (copy_model(case, shared) / "LICENSE.txt").symlink_to(case / "private.txt")
+
+
+def model_weights_link_out(case: Path, shared: Shared) -> None:
+    folder = copy_model(case, shared)
+    (folder / "model.safetensors").rename(case / "weights.safetensors")
+    (folder / "model.safetensors").symlink_to(case / "weights.safetensors")
+
+
+def model_without_tokenizer(case: Path, shared: Shared) -> None:
+    folder = copy_model(case, shared)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        (folder / name).unlink(missing_ok=True)
+
+
+def model_without_chat_template(case: Path, shared: Shared) -> None:
+    folder = copy_model(case, shared)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def model_tokenizer_fifo(case: Path, shared: Shared) -> None:
+    folder = copy_model(case, shared)
+    (folder / "tokenizer.json").unlink()
+    os.mkfifo(folder / "tokenizer.json")
+
+
+def model_previous_heads(heads: str) -> Callable[[Path, Shared], None]:
+    def setup(case: Path, shared: Shared) -> None:
+        (copy_model(case, shared) / "headedit.json").write_text(json.dumps({"format": 1, "heads": heads, "files": {}}))
+    return setup
+
+
+def rebind(export: Path) -> None:
+    """Re-hash an edited export and bind its validation to it: consistent, so only the case's own defect refuses."""
+    from headedit.export.bake import write_manifest
+    from headedit.export.outgoing import checkpoint_record
+
+    manifest = json.loads((export / "headedit.json").read_text())
+    manifest = write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
+    validation = json.loads((export / "validation.json").read_text())
+    (export / "validation.json").write_text(json.dumps({**validation, "checkpoint": checkpoint_record(manifest)}))
+    write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
+
+
+def export_weights_hold_token(case: Path, shared: Shared) -> None:
+    from safetensors.torch import load_file, save_file
+
+    export = copy_export(case, shared)
+    tensors = load_file(export / "model.safetensors")
+    save_file(tensors, export / "model.safetensors", metadata={"format": "pt", "by": shared.token})
+    rebind(export)
+
+
+def export_config_holds_any_token(case: Path, shared: Shared) -> None:
+    export = copy_export(case, shared)
+    edit_config(export, _commit_token="hf_" + "AbCdEfGhIj" * 3 + "Klmn")
+    rebind(export)
+
+
+def export_file_links_out(case: Path, shared: Shared) -> None:
+    export = copy_export(case, shared)
+    (case / "outside.json").write_text((export / "config.json").read_text())
+    (export / "config.json").unlink()
+    (export / "config.json").symlink_to(case / "outside.json")
+    rebind(export)
+
+
+def export_other_heads_validation(case: Path, shared: Shared) -> None:
+    """An export of heads 1.3 carrying (listed in its manifest) the validation of the run that chose 0.1,1.2."""
+    from headedit.export.bake import bake, write_manifest
+
+    export = bake(shared.model, "1.3", case / "export")
+    shutil.copy2(shared.export / "validation.json", export / "validation.json")
+    manifest = json.loads((export / "headedit.json").read_text())
+    write_manifest(export, {k: v for k, v in manifest.items() if k != "files"})
+
+
+def export_unlisted_validation(case: Path, shared: Shared) -> None:
+    export = copy_export(case, shared)
+    manifest = json.loads((export / "headedit.json").read_text())
+    del manifest["files"]["validation.json"]
+    (export / "headedit.json").write_text(json.dumps(manifest))
+
+
+def run_edit(name: str, change: Callable[[object], object]) -> Callable[[Path, Shared], None]:
+    """A copied run whose JSON file `name` is replaced by change(its content)."""
+    def setup(case: Path, shared: Shared) -> None:
+        path = copy_run(case, shared) / name
+        path.write_text(json.dumps(change(json.loads(path.read_text()) if path.is_file() else None)))
+    return setup
+
+
+def run_recipe_changed(case: Path, shared: Shared) -> None:
+    recipe = copy_run(case, shared) / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("seed = 0", "seed = 7"))
+
+
+def run_journal_sql(sql: str) -> Callable[[Path, Shared], None]:
+    def setup(case: Path, shared: Shared) -> None:
+        import sqlite3
+
+        db = sqlite3.connect(copy_run(case, shared) / "journal.sqlite")
+        try:
+            with db:
+                db.execute(sql)
+        finally:
+            db.close()  # the last connection: sqlite folds its -wal/-shm files back in
+    return setup
+
+
+def out_is_file(case: Path, shared: Shared) -> None:
+    (case / "out").write_text("not a folder\n")
+
+
+def out_symlink_loop(case: Path, shared: Shared) -> None:
+    (case / "loop").symlink_to(case / "loop")
+
+
+def data_file(content: bytes) -> Callable[[Path, Shared], None]:
+    def setup(case: Path, shared: Shared) -> None:
+        (case / "data" / "boolq").mkdir(parents=True)
+        (case / "data" / "boolq" / "validation.jsonl").write_bytes(content)
+    return setup
+
+
+def fifo_recipe(case: Path, shared: Shared) -> None:
+    os.mkfifo(case / "r.toml")
+
+
+EVAL = ("eval", "{model}", "--task", "boolq", "--data-dir", "{case}/data", "--limit", "4")
+RESUME = ("discover", "--resume", "{case}/run")
+
+
+def issue_18_cases() -> list[Case]:
+    """New cases for each class of issue 18 (beyond the review's own examples)."""
+    good = '[1.0, 2.0]'
+    return [
+        # 2. secrets: links out of the source, tokens anywhere in what push would upload
+        Case("bake-side-file-links-out", BAKE, "LICENSE.txt is a link to outside the model folder",
+             setup=model_side_file_links_out),
+        Case("bake-weights-link-out", BAKE, "model.safetensors is a link to outside", setup=model_weights_link_out),
+        Case("push-weights-header-holds-token", ("push", "{case}/export", "--repo", "{user}/corpus"),
+             "model.safetensors in the export contains a Hugging Face token", setup=export_weights_hold_token),
+        Case("push-config-holds-any-hf-token", ("push", "{case}/export", "--repo", "{user}/corpus"),
+             "config.json in the export contains a Hugging Face token", setup=export_config_holds_any_token),
+        Case("push-export-file-links-out", ("push", "{case}/export", "--repo", "{user}/corpus"),
+             "config.json is a link to outside the export", setup=export_file_links_out),
+        # 3. the validation vouches only for its own checkpoint
+        Case("push-validation-of-other-heads", ("push", "{case}/export", "--repo", "{user}/corpus", "--force"),
+             "validation.json is for heads '0.1,1.2' but this export ablates '1.3'",
+             setup=export_other_heads_validation),
+        Case("push-validation-not-in-manifest", ("push", "{case}/export", "--repo", "{user}/corpus"),
+             "validation.json its headedit.json does not list", setup=export_unlisted_validation),
+        # 5. run folders are checked, never trusted, and nothing is written before they are
+        Case("resume-recipe-changed", RESUME, "recipe.toml of run", setup=run_recipe_changed),
+        Case("resume-selection-array", RESUME, "selection.json is a JSON list", setup=run_edit("selection.json", lambda d: [1])),
+        Case("validate-run-json-task-text", ("validate", "{case}/run"), "has task of type str",
+             setup=run_edit("run.json", lambda d: {**d, "task": "copy-second"})),
+        Case("validate-run-json-other-task", ("validate", "{case}/run"), "run.json names task 'boolq'",
+             setup=run_edit("run.json", lambda d: {**d, "task": {"name": "boolq"}})),
+        Case("resume-journal-bits-short", RESUME, "bytes of correctness bits for n = 16",
+             setup=run_journal_sql("UPDATE evaluations SET correct_bits = x'ff' WHERE heads = '0.1'")),
+        # 6. bounded before expanded or read
+        Case("heads-range-of-a-billion", ("bake", "{model}", "--heads", "0.0-999999999", "--out", "{case}/out"),
+             "outside any model"),
+        Case("bake-source-manifest-huge-range", BAKE, "0.0-999999999", setup=model_previous_heads("0.0-999999999")),
+        Case("recipe-is-dev-zero", ("discover", "/dev/zero", "--out", "{case}/run"), "not a regular file"),
+        Case("recipe-is-a-fifo", ("discover", "{case}/r.toml", "--out", "{case}/run"), "not a regular file",
+             setup=fifo_recipe),
+        discover(recipe({"model.id": '"{case}/m"'}), "tokenizer.json in the model folder is not a regular file",
+                 "discover-tokenizer-is-a-fifo", setup=model_tokenizer_fifo),
+        # 7. internal errors that must be one line
+        Case("model-config-infinity", BAKE, "non-finite number Infinity",
+             setup=model_config_raw('"num_hidden_layers": Infinity')),
+        Case("model-config-huge-float", BAKE, "non-finite number 1e999", setup=model_config_raw('"rope_theta": 1e999')),
+        Case("model-config-heads-as-text", BAKE, "num_attention_heads='4', not an integer",
+             setup=model_config_raw('"num_attention_heads": "4"')),
+        Case("model-header-json-array", BAKE, "the header is not a JSON object", setup=model_header([1, 2])),
+        Case("model-header-huge-tensor", BAKE, "claims shape",
+             setup=model_header({"x": {"dtype": "F32", "shape": [10**12, 10**12], "data_offsets": [0, 64]}})),
+        Case("model-header-infinite-offset", BAKE, "not a valid safetensors file",
+             setup=model_header({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, float("inf")]}})),
+        Case("model-index-weight-map-list", BAKE, "weight_map that is not an object",
+             setup=model_index(["model.safetensors"])),
+        Case("model-index-shard-escapes", BAKE, "'../escape.safetensors' as a shard",
+             setup=model_index({"x": "../escape.safetensors"})),
+        Case("heads-5000-digits", ("bake", "{model}", "--heads", "1" * 5000 + ".0", "--out", "{case}/out"),
+             "malformed head"),
+        Case("bake-out-is-a-file", (*BAKE[:4], "--out", "{case}/out", "--force"), "is a file, not a folder",
+             setup=lambda case, shared: (copy_model(case, shared), out_is_file(case, shared)) and None),
+        Case("bake-out-under-symlink-loop", ("bake", "{model}", "--heads", "0.1", "--out", "{case}/loop/out"),
+             "cannot be resolved", setup=out_symlink_loop),
+        Case("bake-out-dot-force", ("bake", "{model}", "--heads", "0.1", "--out", ".", "--force"), "current folder"),
+        Case("eval-json-is-a-folder", (*EVAL, "--json", "{case}"), "is a folder", setup=data_file(b'{"a": 1}\n')),
+        Case("validate-json-is-a-folder", ("validate", "{run}", "--json", "{case}"), "is a folder"),
+        Case("data-row-is-an-array", EVAL, "line 2 is a JSON list, not an object",
+             setup=data_file(b'{"passage": "p", "question": "q", "answer": true}\n' + good.encode() + b"\n")),
+        Case("data-not-utf8", EVAL, "line 1 is not UTF-8", setup=data_file(b'{"passage": "\xff\xfe"}\n')),
+        Case("data-nested-100k-deep", EVAL, "nested too deeply", setup=data_file(b"[" * 100_000 + b"]" * 100_000)),
+        Case("push-token-not-ascii", PUSH, "characters no token has",
+             env={"HF_TOKEN": "hf_t\u00f6k\u00e9n_\u00fcmlaut_1234567890"}, repo="{user}/corpus"),
+        # 8. refused before a run folder exists
+        discover(recipe({"model.id": '"{case}/m"'}), "no usable tokenizer", "discover-model-without-tokenizer",
+                 setup=model_without_tokenizer),
+        discover(recipe({"model.device": '"cuda:99"'}), "cuda:99", "discover-device-cuda-99"),
+        discover(recipe({"model.id": '"{case}/m"', "task.chat": "true"}), "has no chat template",
+                 "discover-chat-without-template", setup=model_without_chat_template),
+        Case("run-export-out-root", ("run", "{case}/r.toml", "--out", "{case}/run", "--force"), "export folder / ",
+             files={"r.toml": recipe({"export.out": '"/"'})}),
+        discover(recipe({"export.out": '"/"'}), "is the file-system root", "discover-export-out-root"),
+        Case("discover-export-out-is-a-file", ("discover", "{case}/r.toml", "--out", "{case}/run"),
+             "is a file, not a folder", files={"r.toml": recipe({"export.out": '"{case}/taken"'}),
+                                               "taken": "a file where the export would go\n"}),
+        # 9. smaller ones
+        Case("bake-heads-empty", ("bake", "{model}", "--heads", "", "--out", "{case}/out"), "--allow-empty"),
+        Case("eval-data-file-empty", EVAL, "holds no rows", setup=data_file(b"\n\n")),
+        Case("model-vocab-absurd", BAKE, "vocab_size=1000000000000", setup=model_config_raw('"vocab_size": 1000000000000')),
+        Case("model-vocab-mismatch", BAKE, "vocab_size 65 but model.embed_tokens.weight has shape",
+             setup=model_config_raw('"vocab_size": 65')),
+    ]
+
+
 def cases() -> list[Case]:
     c: list[Case] = []
     # ---- recipes -------------------------------------------------------------------------------
@@ -338,7 +595,7 @@ def cases() -> list[Case]:
         Case("export-push-bad-token", ("export", "{run}", "--out", "{case}/out", "--push", "{user}/via-export"),
              "rejected the token", env={"HF_TOKEN": "hf_bogusBOGUSbogus1234567890"}, repo="{user}/via-export"),
     ]
-    return c
+    return c + issue_18_cases()
 
 
 # ---- machinery -------------------------------------------------------------------------------------
@@ -349,6 +606,8 @@ def snapshot(root: Path, with_mtime: bool = False) -> dict[str, tuple]:
         rel = path.relative_to(root).as_posix()
         if path.is_symlink():
             out[rel] = ("link", os.readlink(path))
+        elif stat.S_ISFIFO(path.stat().st_mode):  # never read (it would block): its presence is the state
+            out[rel] = ("fifo",)
         elif path.is_dir():
             out[rel] = ("dir",)
         else:

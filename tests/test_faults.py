@@ -412,3 +412,92 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
     assert hub_files(hub_server, ref_repo, hub_server.state.repos[ref_repo].resolve("main").sha) != revisions[-1]
     print(f"seed {SEED}:", *log, sep="\n  ")
     assert kills == 5, log
+
+
+# ---- validate (issue 18): a full disk is said so, a killed validation leaves no model copy behind ------------
+@pytest.fixture(scope="module")
+def discovered_run(tmp_path_factory, model_dir) -> Path:
+    """A run whose discovery finished with heads selected (so validation bakes a temporary checkpoint)."""
+    import torch
+
+    from headedit import pipeline
+    from headedit.recipe import parse_recipe
+
+    root = tmp_path_factory.mktemp("validate-faults")
+    text = F.recipe_text(model_dir, discovery=64, heldout=64, name="validate-faults")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = pipeline.discover(parse_recipe(text, root / "r.toml"), root / "run")
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((run / "selection.json").read_text())["heads"], "the fixture needs a selection"
+    return run
+
+
+def _mount(path: Path, size: str) -> bool:
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_full_disk_during_validate_says_disk_full_and_the_run_resumes(tmp_path, discovered_run):
+    disk = tmp_path / "disk"
+    if not _mount(disk, "32m"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        run = Path(shutil.copytree(discovered_run, disk / "run"))
+        filler = disk / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:  # fill the disk to the last byte
+            for block in (2**20, 4096, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * block)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        env = base_env()
+        res = subprocess.run([sys.executable, "-c", WRAPPER, "validate", str(run)], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=240)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert "disk full" in lines[0] and "corrupt" not in lines[0], lines
+        assert not list(run.glob(".validate-*"))
+        filler.unlink()
+        again = subprocess.run([sys.executable, "-c", WRAPPER, "validate", str(run)], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=240)
+        assert again.returncode == 0, again.stderr[-2000:]  # the journal was never corrupt
+        assert json.loads((run / "validation.json").read_text())["heads"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.slow
+def test_kill_9_during_validate_leaves_no_model_copy_after_the_next_run(tmp_path, discovered_run):
+    """Killed while its temporary bake exists, validation leaves RUN/.validate-*; the next validation of the run
+    removes it (it holds the run's lock, so any such folder is stale) and finishes."""
+    run = Path(shutil.copytree(discovered_run, tmp_path / "run"))
+    env = base_env()
+    rng = rng_for("validate")
+    kills, log = 0, []
+    for i in range(3):
+        if kills == 1:
+            break
+        delay = rng.uniform(0.0, 0.2)
+        res = run_and_kill([sys.executable, "-c", WRAPPER, "validate", str(run)], env,
+                           lambda _t: any(run.glob(".validate-*/model")), delay)
+        left = sorted(p.name for p in run.glob(".validate-*"))
+        log.append(f"#{i} delay={delay:.3f}s killed={res.killed} temp={left}")
+        if res.killed:
+            kills += 1
+            assert left, log  # what a kill leaves: the issue's full model copy ...
+        else:
+            assert res.returncode == 0 and not left, (log, res.stderr[-2000:])
+    final = run_and_kill([sys.executable, "-c", WRAPPER, "validate", str(run)], env, None)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert not list(run.glob(".validate-*")), log  # ... is gone after the next validation
+    assert kills >= 1, log
+    print(f"seed {SEED}:", *log, sep="\n  ")

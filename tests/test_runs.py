@@ -55,11 +55,11 @@ def test_run_create_open_and_checks(tmp_path) -> None:
     run = Run.create(tmp_path / "r", 'name = "x"\n', {"name": "x"})
     assert run.recipe_text == 'name = "x"\n'
     assert Run.open(tmp_path / "r").info["format"] == 1
-    run.write("screen.json", {"a": 1})
-    assert run.read("screen.json") == {"a": 1}
-    (tmp_path / "r" / "screen.json").write_text("{broken")
+    run.write("notes.json", {"a": 1})  # a file without a schema; stage files are shape-checked (test_run_trust)
+    assert run.read("notes.json") == {"a": 1}
+    (tmp_path / "r" / "notes.json").write_text("{broken")
     with pytest.raises(RunError, match="corrupt"):
-        run.read("screen.json")
+        run.read("notes.json")
     (tmp_path / "r" / "run.json").write_text(json.dumps({"format": 2}))
     with pytest.raises(RunError, match="newer"):
         Run.open(tmp_path / "r")

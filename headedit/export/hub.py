@@ -99,7 +99,8 @@ def hub_session() -> Iterator[None]:
 
 @contextmanager
 def hub_errors(repo_id: str, token: str | None = None, revision: str | None = None) -> Iterator[None]:
-    """Turn any Hub/network failure into one HubError line; the token is scrubbed from every message."""
+    """Run Hub calls under `hub_session` (timeouts, quiet) and turn any Hub/network failure into one HubError line;
+    the token is scrubbed from every message."""
     import httpx2
     from huggingface_hub import constants
     from huggingface_hub.errors import (
@@ -155,7 +156,8 @@ def hub_errors(repo_id: str, token: str | None = None, revision: str | None = No
         return None
 
     try:
-        yield
+        with hub_session():  # every Hub call of the block has a timeout and keeps the library's logs off stderr
+            yield
     except Exception as err:  # noqa: BLE001 - mapped by type; anything unknown is re-raised unchanged
         mapped = translate(err)
         if mapped is None:
@@ -234,7 +236,7 @@ def push_export(
     bars_were_off = are_progress_bars_disabled()
     disable_progress_bars()  # the library never prints; progress goes through events
     try:
-        with hub_session(), hub_errors(repo_id, secret, revision):
+        with hub_errors(repo_id, secret, revision):
             check_account(api, repo_id)
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             if revision and revision != "main":
@@ -267,7 +269,7 @@ def fetch_manifest(repo_id: str, revision: str | None = None, token: str | None 
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
 
-    with hub_session(), hub_errors(repo_id, token, revision):
+    with hub_errors(repo_id, token, revision):
         try:
             # Ask the Hub first: hf_hub_download alone would fall back to a cached copy even when the Hub
             # now answers "not found" (a repo made private, a token without access).

@@ -173,15 +173,15 @@ def open_verified(export: Path, manifest: dict[str, Any], token: str | None) -> 
     opened: dict[str, BinaryIO] = {}
     try:
         for name in upload_paths(export, manifest):
-            fh = open(_plain_inside(export, name), "rb")  # noqa: SIM115 - handed to the upload, closed by the caller
+            fh: BinaryIO = open(_plain_inside(export, name), "rb")  # noqa: SIM115 - the caller uploads and closes it
             opened[name] = fh
             digest = _scan(name, fh, needles)
             if name != MANIFEST and digest != files[name]:
                 raise ExportError(f"export file {name} no longer matches {MANIFEST} (sha256 differs)", "re-export the model")
             fh.seek(0)
     except BaseException:
-        for fh in opened.values():
-            fh.close()
+        for handle in opened.values():
+            handle.close()
         raise
     return opened
 

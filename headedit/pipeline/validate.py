@@ -22,7 +22,8 @@ from headedit.model.heads import format_heads, parse_heads
 from headedit.engine.damage import measure as measure_damage
 from headedit.engine.damage import no_damage
 from headedit.engine.damage import reference as damage_reference
-from headedit.export.bake import bake
+from headedit.export.bake import bake, read_manifest
+from headedit.export.outgoing import checkpoint_record
 from headedit.pipeline.loaded import load_for, load_split
 from headedit.pipeline.selectivity import removal_verdict, validation_task_names
 from headedit.runs import VALIDATION_FILE, Journal, Run
@@ -78,7 +79,10 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
     run = Run.open(Path(run_dir))
     recipe = run.recipe()
     selection = run.selection()
+    checkpoint = None
     with run.lock(), run.journal() as journal:
+        for stale in run.path.glob(".validate-*"):  # a killed validation's temporary bake (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         loaded = load_for(recipe, reporter=reporter)
         heads = format_heads(parse_heads(str(selection.get("heads", "")), loaded.layout))
         tasks = [loaded.task] + [get_task(name) for name in validation_task_names(recipe)]  # side + retain tasks
@@ -103,6 +107,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
             tmp = Path(tempfile.mkdtemp(prefix=".validate-", dir=run.path))
             try:
                 baked = bake(recipe.model.id, heads, tmp / "model", revision=recipe.model.revision)
+                checkpoint = checkpoint_record(read_manifest(baked))  # what this validation vouches for
                 reporter(Log(f"baked {heads} into a temporary export; reloading it"))
                 edited_model = load_for(recipe, model_id=str(baked), reporter=reporter)
                 resolve_batch(edited_model.engine, recipe.model.batch_size, edited_model.task,
@@ -135,6 +140,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         "gain_points": main["gain_points"], "relative_error_reduction": main["relative_error_reduction"],
         "ci95_points": main["ci95_points"], "mcnemar_p": main["mcnemar_p"], "passed": passed, "verdict": text,
         "edited_source": "baked checkpoint, reloaded" if heads else "intact",
+        **({"checkpoint": checkpoint} if checkpoint is not None else {}),
         "damage": damage,
         "side_tasks": [{k: v for k, v in r.items() if k != "relative_error_reduction"} for r in rows[1:]],
         **(removal.fields if removal is not None else {}),

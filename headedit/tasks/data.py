@@ -29,16 +29,32 @@ def local_file(data_dir: Path | None, folder: str, split: str) -> Path | None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One JSON object per line; a line that is not UTF-8, not JSON, nested absurdly deep or not an object, and a
+    file without rows, are each one TaskError naming the file and line."""
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise TaskError(f"{path.name} line {lineno} is not valid JSON: {err.msg}", "fix or re-export the file") from None
+    fix = "fix or re-export the file: one JSON object per line, UTF-8"
+    try:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError:
+                    raise TaskError(f"{path.name} line {lineno} is not UTF-8 text", fix) from None
+                if not line:
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise TaskError(f"{path.name} line {lineno} is not valid JSON: {err.msg}", fix) from None
+                except RecursionError:
+                    raise TaskError(f"{path.name} line {lineno} is nested too deeply to be a data row", fix) from None
+                if not isinstance(row, dict):
+                    raise TaskError(f"{path.name} line {lineno} is a JSON {type(row).__name__}, not an object", fix)
+                rows.append(row)
+    except OSError as err:
+        raise TaskError(f"cannot read {path} ({err.strerror or err})", "check the data folder") from None
+    if not rows:
+        raise TaskError(f"{path} holds no rows", "fill it with the split's rows, or remove it to use the hub")
     return rows
 
 
@@ -62,6 +78,7 @@ def load_rows(
             f"no {split} split of {dataset_id} in the local data folder ({folder}/{split}.jsonl missing)",
             f"add {folder}/{split}.jsonl in the hub schema, or unset {DATA_DIR_ENV} to use the hub",
         )
+    # lazy: only a Hub lookup needs the network probe
     from headedit.offline import hub_unreachable, offline_env
 
     offline = hub_unreachable()
