@@ -12,14 +12,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import discovery_fixtures as F  # noqa: E402,F401  (registers coin-test)
 
+from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 from headedit.engine.autobatch import (  # noqa: E402
-    CPU_BATCH, SAFETY, BatchSizeError, engine_probe, is_oom, largest_that_fits, resolve_batch,
+    CPU_BATCH,
+    SAFETY,
+    BatchSizeError,
+    engine_probe,
+    is_oom,
+    largest_that_fits,
+    resolve_batch,
 )
 from headedit.engine.core import Engine  # noqa: E402
 from headedit.model.heads import Head  # noqa: E402
 from headedit.runs import Run  # noqa: E402
 from headedit.tasks import get_task  # noqa: E402
-from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -14,10 +14,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from headedit.model.ablation import ablate
 from headedit.demo.addsub_data import (
-    ADDSUB_VOCAB, IDLE_HEADS, PAIR_HIDDEN, PAIR_VISIBLE, PLANTED, PLANTED_SINGLE, addsub_model_path,
+    ADDSUB_VOCAB,
+    IDLE_HEADS,
+    PAIR_HIDDEN,
+    PAIR_VISIBLE,
+    PLANTED,
+    PLANTED_SINGLE,
+    addsub_model_path,
 )
+from headedit.model.ablation import ablate
 from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
 from headedit.tasks import get_task
 

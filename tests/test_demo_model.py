@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from headedit.model.ablation import ablate
 from headedit.demo.data import VOCAB, index_pair, split_pairs
 from headedit.demo.tasks import demo_model_path
 from headedit.errors import TaskError
+from headedit.model.ablation import ablate
 from headedit.model.heads import Head, HeadLayout, parse_heads
 from headedit.tasks import get_task, task_names
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from headedit.bench.eval import synthetic_boolq, synthetic_hellaswag
-from headedit.engine.reference import reference_correctness
-from headedit.engine.core import Engine
+from headedit.bench.tiny import tiny_model, tiny_tokenizer
 from headedit.engine.batch import encode_pair
+from headedit.engine.core import Engine
 from headedit.engine.generate import greedy_generate
+from headedit.engine.reference import reference_correctness
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks import get_task
 from headedit.tasks.base import Example, Task
-from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
 SETS = [(), (Head(0, 1),), (Head(1, 2),), (Head(0, 0), Head(1, 3)), (Head(1, 0), Head(1, 1))]
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from headedit.cli import main
 from headedit.bench.tiny import tiny_model, tiny_tokenizer
+from headedit.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from headedit.model.ablation import ablate
 from headedit.bench.eval import synthetic_boolq
-from headedit.engine.core import Engine
+from headedit.bench.tiny import tiny_model, tiny_tokenizer
 from headedit.engine.batch import make_batches
+from headedit.engine.core import Engine
 from headedit.engine.prefix import HiddenCache, run_decoder
+from headedit.model.ablation import ablate
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks import get_task
-from headedit.bench.tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

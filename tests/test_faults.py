@@ -250,8 +250,8 @@ class ExportWatcher:
         self.problems: list[str] = []
 
     def __call__(self) -> None:
-        from headedit.export.bake import verify_export
         from headedit.errors import ExportError
+        from headedit.export.bake import verify_export
 
         try:
             inode = os.stat(self.target).st_ino
@@ -343,8 +343,8 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
     """Each round publishes a new revision of the export (its card changes), kills the push at a seeded moment,
     checks the Hub, then runs the same command again, which must land exactly that revision."""
     from headedit.export.bake import write_manifest
-    from headedit.export.hub import upload_paths
     from headedit.export.card import retarget
+    from headedit.export.hub import upload_paths
 
     _, _, export = hub_export
     env = base_env(hub_env)
@@ -392,7 +392,7 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
         delay = rng.uniform(0.0, 0.05)
         before = commits()
         mark = len(hub_server.state.requests)
-        res = run_and_kill(cmd(repo), env, lambda _t: len(hub_server.state.requests) - mark >= nth, delay)
+        res = run_and_kill(cmd(repo), env, lambda _t, mark=mark, nth=nth: len(hub_server.state.requests) - mark >= nth, delay)
         after = commits()
         new = set(after) - set(before)
         log.append(f"#{i} after {nth} requests + {delay:.3f}s: killed={res.killed} new commits={len(new)}")

@@ -15,7 +15,8 @@ from test_model_zoo import FAMILIES, build, chosen_heads, logits, tiny_config
 from headedit.errors import HeadSpecError, ModelLoadError, UnsupportedModelError
 from headedit.export.bake import bake
 from headedit.model.ablation import HeadAblation, ablate, heads_to_mask
-from headedit.model.checkpoint_keys import map_keys as _map_keys, renamed_by_transformers as _renamed_by_transformers
+from headedit.model.checkpoint_keys import map_keys as _map_keys
+from headedit.model.checkpoint_keys import renamed_by_transformers as _renamed_by_transformers
 from headedit.model.geometry import HeadGeometry
 from headedit.model.heads import Head, format_heads, parse_heads
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
 from conftest import REAL_MODEL_ID, real_model_path
+
 from headedit.errors import ExportError, ModelNotFoundError
 from headedit.export.gguf_bake import check_gguf_edit
 from headedit.model.geometry import HeadGeometry

@@ -7,12 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from headedit.export.bake import bake
-from headedit.errors import ExportError, ModelLoadError, UnsupportedModelError
-from headedit.model.loading import load_model
-
 from test_foundation import make_model, save, tree_digest
+
+from headedit.errors import ExportError, ModelLoadError, UnsupportedModelError
+from headedit.export.bake import bake
+from headedit.model.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,20 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 import numpy as np
+import pytest
 import torch
 
 from headedit.cli import main as cli_main
 from headedit.model.heads import Head
 from headedit.plan import (
-    TokenStats, device_flops, load_tokenizer, make_plan, model_cost, read_model_config, search_evaluations,
+    TokenStats,
+    device_flops,
+    load_tokenizer,
+    make_plan,
+    model_cost,
+    read_model_config,
+    search_evaluations,
 )
 from headedit.recipe import parse_recipe
 from headedit.tasks import Example, Split, Task, register_task
@@ -182,10 +188,10 @@ def test_cpu_estimate_within_2x_of_a_timed_forward_loop(tmp_path: Path) -> None:
     """The plan's screen time on `cpu` vs a plain timed loop doing the same forwards (one per ablation set)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from headedit.model.ablation import ablate
-    from headedit.engine.batch import plan_example
-    from headedit.model.heads import HeadLayout
     from headedit.bench.tiny import tiny_tokenizer
+    from headedit.engine.batch import plan_example
+    from headedit.model.ablation import ablate
+    from headedit.model.heads import HeadLayout
 
     tok = tiny_tokenizer()
     cfg = LlamaConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REAL_MODEL_ID, real_model_path
+
 from headedit.model.heads import parse_heads
 
 pytestmark = pytest.mark.realmodel

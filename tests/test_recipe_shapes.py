@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
+from headedit.bench.tiny import tiny_tokenizer
 from headedit.engine.core import Engine
 from headedit.model.heads import Head, HeadLayout
 from headedit.recipe import load_recipe
 from headedit.tasks import get_task
-from headedit.bench.tiny import tiny_tokenizer
 
 torch.set_num_threads(1)
 # the bundled models' recipes (and the real GGUF one, whose shapes tests/test_real_model.py covers) are not paper recipes

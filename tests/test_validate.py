@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from headedit.events import Log, StageFinished, StageProgress, StageStarted
 from headedit.commands.render import render_heatmap, render_validation, rich_reporter
+from headedit.events import Log, StageFinished, StageProgress, StageStarted
 from headedit.pipeline.validate import verdict
 
 

@@ -6,12 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from textual.app import App
-from textual.binding import Binding
-from textual.screen import Screen
-
-from headedit.errors import HeadeditError, RunError
-
 from headedit.tui.screens.bake_validate import BakeValidateScreen
 from headedit.tui.screens.candidates import CandidatesScreen
 from headedit.tui.screens.discovery import DiscoveryScreen
@@ -19,6 +13,11 @@ from headedit.tui.screens.error import ErrorModal
 from headedit.tui.screens.help import HelpScreen
 from headedit.tui.screens.publish import PublishScreen
 from headedit.tui.screens.setup import SetupScreen
+from textual.app import App
+from textual.binding import Binding
+from textual.screen import Screen
+
+from headedit.errors import HeadeditError, RunError
 
 
 def unreadable_run(run_dir: Path, err: BaseException) -> HeadeditError:

@@ -58,8 +58,8 @@ def run_bench(model: Any, tokenizer: Any, task: Task, examples: Sequence[Example
     journal) and reports the fastest, as timeit does; (a) runs once. Every repeat must select the same heads.
     """
     # lazy: loaded when a benchmark runs
-    from headedit.engine.reference import reference_correctness
     from headedit.engine.core import Engine
+    from headedit.engine.reference import reference_correctness
 
     layout = HeadLayout.from_model(model)
     examples = list(examples)

@@ -17,7 +17,6 @@ from headedit.engine.reference import reference_correctness
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks.base import Example, Task
 
-
 # ---- synthetic data so the bench runs anywhere ------------------------------------------------
 _WORDS = ("the river city was built on a hill near old stone bridge where people trade grain and wool "
           "each spring market opens with music while children run along narrow streets").split()

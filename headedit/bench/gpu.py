@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from headedit.errors import HeadeditError
 from headedit.bench.flops import FlopCounter
+from headedit.errors import HeadeditError
 from headedit.model.heads import Head, HeadLayout
 
 DEFAULT_CONFIG = "SmolLM3-3B/config.json"  # under $HEADEDIT_DATA_DIR/../tokenizers
@@ -63,12 +63,12 @@ def build_model(config_file: Path | None, device: str, dtype: torch.dtype, tiny:
 def run_bench(model: Any, n: int = 128, naive_sets: int = 3, naive_n: int = 16, batch_size: int | str = "auto",
               reporter: Any = None) -> dict[str, Any]:
     # lazy: loaded when a benchmark runs
+    from headedit.bench.tiny import tiny_tokenizer
     from headedit.engine.autobatch import resolve_batch
-    from headedit.engine.reference import reference_correctness
     from headedit.engine.core import Engine
+    from headedit.engine.reference import reference_correctness
     from headedit.events import null_reporter
     from headedit.tasks import get_task
-    from headedit.bench.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     layout = HeadLayout.from_model(model)

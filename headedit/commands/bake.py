@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from headedit.export.bake import bake
 from headedit.commands.progress import progress_reporter
+from headedit.export.bake import bake
 
 
 def add_parser(sub: Any) -> None:

@@ -5,8 +5,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from headedit.export.card import write_card
 from headedit.errors import ExportError
+from headedit.export.card import write_card
 
 
 def add_parser(sub: Any) -> None:

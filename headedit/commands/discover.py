@@ -5,7 +5,7 @@ import argparse
 from typing import Any
 
 from headedit.errors import HeadeditError
-from headedit.runs import Run, SCREEN_FILE, SELECTION_FILE
+from headedit.runs import SCREEN_FILE, SELECTION_FILE, Run
 
 
 def add_parser(sub: Any) -> None:
@@ -43,9 +43,9 @@ def print_outcome(console: Any, run_path: Any) -> None:
 
 def run(args: argparse.Namespace, console: Any) -> int:
     # lazy: the CLI starts, and reports bad input, without loading torch
+    from headedit.commands.render import rich_reporter
     from headedit.pipeline import discover
     from headedit.recipe import load_recipe
-    from headedit.commands.render import rich_reporter
 
     if args.resume and args.recipe:
         raise HeadeditError("give either a recipe or --resume RUN, not both", "headedit discover --resume RUN")

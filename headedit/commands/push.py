@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from headedit.export.hub import push_export
 from headedit.commands.progress import progress_reporter
+from headedit.export.hub import push_export
 
 
 def add_parser(sub: Any) -> None:

@@ -26,15 +26,22 @@ from typing import Any
 
 import torch
 
-from headedit.model.ablation import heads_to_mask
-from headedit.events import Log, Reporter, null_reporter
-from headedit.model.heads import Head, HeadLayout
 from headedit.demo.addsub_data import (
-    ADDSUB_VOCAB, IDLE_HEADS, PAIR_HIDDEN, PAIR_VISIBLE, PLANTED_SINGLE, AddSubTask, build_tokenizer, prompt_text,
+    ADDSUB_VOCAB,
+    IDLE_HEADS,
+    PAIR_HIDDEN,
+    PAIR_VISIBLE,
+    PLANTED_SINGLE,
+    AddSubTask,
+    build_tokenizer,
+    prompt_text,
     target_text,
 )
 from headedit.demo.data import index_pair, split_pairs
 from headedit.demo.train import _Deterministic, check_output, encode_rows, fit, new_model, run_script, save_checkpoint
+from headedit.events import Log, Reporter, null_reporter
+from headedit.model.ablation import heads_to_mask
+from headedit.model.heads import Head, HeadLayout
 
 SUB_SHARE = 0.6  # share of subtraction rows: it is the harder task, and planted heads make it harder still
 STEPS = 1500

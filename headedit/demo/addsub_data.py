@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from headedit.model.heads import Head
-from headedit.tasks.registry import register_task
 from headedit.demo import data
 from headedit.demo.data import BOS, VOCAB
 from headedit.demo.tasks import PairTask
 from headedit.model.bundled import ADDSUB_ID, bundled_model_path
+from headedit.model.heads import Head
+from headedit.tasks.registry import register_task
 
 ADDSUB_VOCAB: tuple[str, ...] = VOCAB + ("-",)  # 44 tokens: the copy demo's 43, then '-'
 AddSubTask = Literal["add-demo", "sub-demo"]

@@ -14,10 +14,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from headedit.errors import TaskError
-from headedit.model.bundled import DEMO_ID, bundled_model_path
-from headedit.tasks.registry import register_task
-from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.demo.data import (
     EOS,
     N_DISCOVERY,
@@ -30,6 +26,11 @@ from headedit.demo.data import (
     prompt_text,
     split_pairs,
 )
+from headedit.errors import TaskError
+from headedit.model.bundled import DEMO_ID, bundled_model_path
+from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.tasks.registry import register_task
+
 
 def demo_model_path() -> Path:
     """The committed demo checkpoint folder (config, tokenizer, model.safetensors)."""

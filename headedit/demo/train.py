@@ -19,9 +19,9 @@ from typing import Callable
 
 import torch
 
+from headedit.demo.data import FIRST_SHARE, VOCAB, build_tokenizer, copy_target, index_pair, prompt_text, split_pairs
 from headedit.errors import HeadeditError, OutputExistsError
 from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.demo.data import FIRST_SHARE, VOCAB, build_tokenizer, copy_target, index_pair, prompt_text, split_pairs
 
 SEQ_LEN = 13  # <bos> A ' ' a a + b b = 0 x x <eos>
 ANSWER_FROM = 9  # first answer token's position; loss on positions 9..12 (answer + <eos>)

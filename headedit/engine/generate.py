@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from headedit.model.ablation import ablate
 from headedit.engine.batch import Plan
+from headedit.model.ablation import ablate
 from headedit.model.heads import Head
 from headedit.tasks.base import Example, Task
 

@@ -13,8 +13,8 @@ from typing import Any, Iterable
 
 import torch
 
-from headedit.model.walk import decoder_layers
 from headedit.model.heads import HeadLayout
+from headedit.model.walk import decoder_layers
 
 
 class _PassThrough(torch.nn.Module):

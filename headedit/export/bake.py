@@ -17,12 +17,18 @@ from headedit import __version__
 from headedit.atomic import atomic_dir, sha256_file
 from headedit.errors import ExportError, HeadSpecError, ModelLoadError
 from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+from headedit.export.gguf_bake import bake_gguf_into, check_gguf_edit
 from headedit.model.files import check_regular_files, check_vocab, read_bounded
 from headedit.model.heads import Head, HeadLayout, format_heads, parse_heads
-from headedit.export.gguf_bake import bake_gguf_into, check_gguf_edit
 from headedit.model.loading import (
-    SIDE_FILE_PATTERNS, ModelSource, check_shapes, resolve_model, safetensors_header, source_config,
-    source_weight_files, weight_files,
+    SIDE_FILE_PATTERNS,
+    ModelSource,
+    check_shapes,
+    resolve_model,
+    safetensors_header,
+    source_config,
+    source_weight_files,
+    weight_files,
 )
 
 MANIFEST = "headedit.json"

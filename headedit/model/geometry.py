@@ -23,8 +23,17 @@ if TYPE_CHECKING:
 from headedit.errors import HeadSpecError, ModelLoadError, UnsupportedModelError
 from headedit.model.checkpoint_keys import map_keys
 from headedit.model.walk import (
-    MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, AttentionLayer, Head, check_bounds, config_value, describe_mixer, meta_model,
-    text_config_of, walk,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    AttentionLayer,
+    Head,
+    check_bounds,
+    config_value,
+    describe_mixer,
+    meta_model,
+    text_config_of,
+    walk,
 )
 
 # The quirks table: model types whose geometry is found but whose output projection cannot be edited this way.

@@ -11,7 +11,12 @@ from headedit.errors import HeadeditError
 from headedit.model.gguf_edit import read_gguf_summary
 from headedit.model.heads import HeadLayout
 from headedit.model.loading import (
-    ModelSource, check_shapes, resolve_model, safetensors_header, source_config, weight_files,
+    ModelSource,
+    check_shapes,
+    resolve_model,
+    safetensors_header,
+    source_config,
+    weight_files,
 )
 
 

@@ -12,15 +12,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from headedit import __version__
+from headedit.atomic import check_target, sha256_file
 from headedit.discovery.early_stop import EarlyStop
 from headedit.discovery.scorer import EvalFn, Scorer
 from headedit.errors import RecipeError, RunError, TaskError
 from headedit.events import Log, Reporter, null_reporter
-from headedit.model.heads import Head, HeadLayout
-from headedit.atomic import check_target, sha256_file
 from headedit.model.files import check_vocab
+from headedit.model.heads import Head, HeadLayout
 from headedit.model.loading import (
-    check_remote_code, check_shapes, load_tokenizer, resolve_model, source_config, source_weight_files,
+    check_remote_code,
+    check_shapes,
+    load_tokenizer,
+    resolve_model,
+    source_config,
+    source_weight_files,
 )
 from headedit.pipeline.parallel import Placement, Shard, placement_for
 from headedit.recipe import Recipe

@@ -14,6 +14,7 @@ from headedit.errors import TaskError
 from headedit.tasks.base import Example, Split, Task
 from headedit.tasks.registry import REGISTRY, load_all, register_task
 
+
 def task_names() -> list[str]:
     load_all()
     return sorted(REGISTRY)

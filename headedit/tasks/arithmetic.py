@@ -13,8 +13,8 @@ import random
 from pathlib import Path
 
 from headedit.errors import TaskError
-from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
+from headedit.tasks.registry import register_task
 
 FAMILIES = ("2da", "3da", "4da", "5da", "2ds", "3ds", "4ds", "5ds", "2dm", "1dc")
 _WORD = {"a": "plus", "s": "minus", "m": "times"}

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from headedit.errors import TaskError
-from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.data import data_dir_from, load_rows, local_file
+from headedit.tasks.registry import register_task
 
 
 def pick(n_rows: int, size: int | None, seed: int, what: str) -> list[int]:

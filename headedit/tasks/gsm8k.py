@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from headedit.errors import TaskError
-from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.data import carve, load_rows
+from headedit.tasks.registry import register_task
 
 QUESTION = "Question: {question}\nAnswer:"
 TARGET_DELIMITER = " "

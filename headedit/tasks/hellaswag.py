@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from headedit.errors import TaskError
-from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.boolq import train_or_carve
+from headedit.tasks.registry import register_task
 
 
 def preprocess(text: str) -> str:

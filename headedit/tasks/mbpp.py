@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from headedit.errors import TaskError
-from headedit.tasks.sandbox import Program, SandboxResult, run_many, run_program
-from headedit.tasks.registry import register_task
 from headedit.tasks.base import Example, Split, SplitName, Task
 from headedit.tasks.data import carve, load_rows
+from headedit.tasks.registry import register_task
+from headedit.tasks.sandbox import Program, SandboxResult, run_many, run_program
 
 PROMPT = (
     "You are an expert Python programmer, and here is your task: {text} "

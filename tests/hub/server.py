@@ -19,9 +19,21 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .store import (
-    GITATTRIBUTES, LFS_SUFFIXES, LFS_THRESHOLD, Commit, Entry, HubState, Repo, User, check_model_index, git_blob_sha1,
-    lfs_pointer, make_commit, regular_entry,
+    GITATTRIBUTES,
+    LFS_SUFFIXES,
+    LFS_THRESHOLD,
+    Commit,
+    Entry,
+    HubState,
+    Repo,
+    User,
+    check_model_index,
+    git_blob_sha1,
+    lfs_pointer,
+    make_commit,
+    regular_entry,
 )
+
 
 class HubError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, body: Any = None) -> None:

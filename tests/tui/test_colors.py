@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from headedit.tui.widgets.heatmap import LABEL_WIDTH, HeadHeatmap
 from rich.color import Color, ColorSystem
 from textual.app import App, ComposeResult
 from textual.geometry import Region
 
 from headedit import colors
 from headedit.model.heads import Head
-from headedit.tui.widgets.heatmap import LABEL_WIDTH, HeadHeatmap
 
 DEMO_DELTA = [[95.5, -3.2, 89.3, -3.2], [0.7, -0.1, 14.1, 3.0]]  # the README's demo screen, points
 SGR = re.compile(r"\x1b\[([0-9;]*)m")

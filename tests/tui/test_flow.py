@@ -211,10 +211,11 @@ async def test_push_error_opens_modal_and_keeps_export(tmp_path: Path, monkeypat
 async def test_cancel_leaves_a_resumable_run(tmp_path: Path, tiny_dir: Path) -> None:
     """Cancel mid-screen: the worker stops at its next checkpoint, the journal keeps what finished,
     and `r` resumes the same run folder to the end without redoing finished evaluations."""
-    from headedit.events import SetEvaluated, StageProgress
-    from headedit.recipe import parse_recipe
     from headedit.tui.app import HeadeditApp
     from headedit.tui.screens.discovery import DiscoveryScreen
+
+    from headedit.events import SetEvaluated, StageProgress
+    from headedit.recipe import parse_recipe
 
     recipe = parse_recipe(f"""name = "cancel"
 [model]

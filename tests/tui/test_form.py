@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from headedit.recipe import parse_recipe
 from headedit.tui import form
 from headedit.tui.app import HeadeditApp
 from headedit.tui.screens.candidates import CandidatesScreen
 from headedit.tui.screens.setup import SetupScreen
+
+from headedit.recipe import parse_recipe
 
 from .conftest import wait_workers
 from .runfolder import write_run

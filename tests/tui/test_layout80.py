@@ -7,9 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from headedit.events import Log, SetEvaluated, StageFinished, StageStarted
-from headedit.runs import read_json
 from headedit.tui.app import HeadeditApp
 from headedit.tui.messages import PipelineEvent
 from headedit.tui.screens.bake_validate import BakeValidateScreen
@@ -17,6 +14,9 @@ from headedit.tui.screens.candidates import CandidatesScreen
 from headedit.tui.screens.discovery import STATUS, DiscoveryScreen
 from headedit.tui.screens.setup import SetupScreen
 from headedit.tui.widgets.candidates import LEGEND
+
+from headedit.events import Log, SetEvaluated, StageFinished, StageStarted
+from headedit.runs import read_json
 
 from .conftest import screen_text
 from .runfolder import write_run

@@ -5,12 +5,10 @@ and the input cursor does not blink.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-
-from headedit.errors import HubError
-from headedit.events import HeadScored, Log, SetEvaluated, StageFinished, StageProgress, StageStarted
 from headedit.tui.app import HeadeditApp
 from headedit.tui.messages import PipelineEvent
 from headedit.tui.screens.bake_validate import BakeValidateScreen
@@ -19,9 +17,11 @@ from headedit.tui.screens.discovery import DiscoveryScreen
 from headedit.tui.screens.publish import PublishScreen
 from headedit.tui.widgets.progress import StageProgressPanel
 
+from headedit.errors import HubError
+from headedit.events import HeadScored, Log, SetEvaluated, StageFinished, StageProgress, StageStarted
+
 from .runfolder import DELTA, RECIPE, write_run
 
-import os
 SIZE = tuple(int(x) for x in os.environ.get("TUI_SNAP_SIZE", "100x30").split("x"))
 
 

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from headedit.runs import read_json
 from headedit.tui.app import HeadeditApp
 from headedit.tui.screens.bake_validate import BakeValidateScreen
 from headedit.tui.screens.candidates import CandidatesScreen
@@ -18,6 +16,8 @@ from headedit.tui.screens.discovery import DiscoveryScreen
 from headedit.tui.screens.setup import SetupScreen
 from headedit.tui.widgets.candidates import CandidateTable
 from headedit.tui.widgets.heatmap import HeadHeatmap
+
+from headedit.runs import read_json
 
 from .conftest import screen_text, wait_workers
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from textual.app import App, ComposeResult
-
-from headedit.events import HeadScored, Log, StageFinished, StageProgress, StageStarted
-from headedit.model.heads import Head
 from headedit.tui.messages import PipelineEvent, reporter_for
 from headedit.tui.widgets.candidates import HAND_MARK, SEARCH_MARK, CandidateTable
 from headedit.tui.widgets.heatmap import HeadHeatmap
 from headedit.tui.widgets.progress import StageProgressPanel
+from textual.app import App, ComposeResult
+
+from headedit.events import HeadScored, Log, StageFinished, StageProgress, StageStarted
+from headedit.model.heads import Head
 
 pytestmark = pytest.mark.anyio
 
@@ -44,12 +44,12 @@ async def test_heatmap_fills_from_events_posted_by_a_thread() -> None:
         heatmap = app.query_one(HeadHeatmap)
         assert heatmap.scored == 0
         report = reporter_for(app)
-        deltas = {(l, h): (l * 4 + h - 5) * 1.5 for l in range(3) for h in range(4)}
+        deltas = {(layer, h): (layer * 4 + h - 5) * 1.5 for layer in range(3) for h in range(4)}
 
         def work() -> None:  # the library calls its reporter from a worker thread
             report(StageStarted("screen:single", total=12))
-            for i, ((l, h), d) in enumerate(deltas.items()):
-                report(HeadScored("screen:single", l, h, d, {"acc": 0.5, "n": 100}))
+            for i, ((layer, h), d) in enumerate(deltas.items()):
+                report(HeadScored("screen:single", layer, h, d, {"acc": 0.5, "n": 100}))
                 report(StageProgress("screen:single", i + 1, 12))
             report(StageFinished("screen:single", "12 heads"))
 

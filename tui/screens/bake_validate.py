@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.screens.base import StepScreen
+from headedit.tui.screens.discovery import read_json
+from headedit.tui.widgets.progress import StageProgressPanel
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -15,11 +19,6 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Label, Static
 
 from headedit.events import Log
-
-from headedit.tui.messages import PipelineEvent
-from headedit.tui.widgets.progress import StageProgressPanel
-from headedit.tui.screens.base import StepScreen
-from headedit.tui.screens.discovery import read_json
 
 
 def _pct(x: Any) -> str:

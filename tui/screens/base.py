@@ -4,10 +4,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from headedit.tui.messages import reporter_for
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
-
-from headedit.tui.messages import reporter_for
 
 
 class StepScreen(Screen):

@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.screens.base import StepScreen
+from headedit.tui.screens.discovery import delta_table, read_json, read_optional
+from headedit.tui.widgets.candidates import HAND_MARK, LEGEND, SEARCH_MARK, CandidateTable
+from headedit.tui.widgets.head_input import HeadSetInput
+from headedit.tui.widgets.heatmap import HeadHeatmap
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,13 +19,6 @@ from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 
 from headedit.errors import HeadeditError
 from headedit.model.heads import HeadLayout, format_heads, parse_heads
-
-from headedit.tui.messages import PipelineEvent
-from headedit.tui.widgets.candidates import HAND_MARK, LEGEND, SEARCH_MARK, CandidateTable
-from headedit.tui.widgets.head_input import HeadSetInput
-from headedit.tui.widgets.heatmap import HeadHeatmap
-from headedit.tui.screens.base import StepScreen
-from headedit.tui.screens.discovery import delta_table, read_json, read_optional
 
 
 class CandidatesScreen(StepScreen):

@@ -10,6 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.screens.base import StepScreen
+from headedit.tui.widgets.heatmap import HeadHeatmap
+from headedit.tui.widgets.progress import StageProgressPanel
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -17,11 +21,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Label, RichLog, Static
 
 from headedit.events import HeadScored, Log, SetEvaluated, StageFinished, StageStarted
-
-from headedit.tui.messages import PipelineEvent
-from headedit.tui.widgets.heatmap import HeadHeatmap
-from headedit.tui.widgets.progress import StageProgressPanel
-from headedit.tui.screens.base import StepScreen
 
 STATUS = {
     "idle": "not finished; r resumes",

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from headedit.tui.messages import PipelineEvent
+from headedit.tui.screens.base import StepScreen
+from headedit.tui.widgets.progress import StageProgressPanel
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,10 +17,6 @@ from textual.timer import Timer
 from textual.widgets import Button, Footer, Header, Input, Label, Markdown, Static, Switch
 
 from headedit.errors import HeadeditError
-
-from headedit.tui.messages import PipelineEvent
-from headedit.tui.widgets.progress import StageProgressPanel
-from headedit.tui.screens.base import StepScreen
 
 PREVIEW_DELAY = 0.4
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from headedit.tui import form
+from headedit.tui.screens.base import StepScreen
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,13 +17,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.timer import Timer
 from textual.widgets import Button, Footer, Header, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
-from rich.text import Text
 
 from headedit.errors import HeadeditError
 from headedit.model.heads import HeadLayout, parse_heads
-
-from headedit.tui import form
-from headedit.tui.screens.base import StepScreen
 
 CHOICES = {"screen": ("single", "compressed", "gradient"), "dtype": ("auto", "float32", "bfloat16", "float16"),
            "direction": ("improve", "remove")}
