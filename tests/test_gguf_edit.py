@@ -16,10 +16,10 @@ from headedit.errors import ExportError, HeadSpecError, ModelLoadError
 from headedit.model.gguf_edit import (
     head_columns,
     read_gguf_summary,
-    verify_edit,
     write_edited_gguf,
     zero_columns_plan,
 )
+from headedit.model.gguf_verify import verify_edit
 
 Q = gguf.GGMLQuantizationType
 OUT, HEADS, HEAD_DIM = 128, 8, 64

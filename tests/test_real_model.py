@@ -74,7 +74,7 @@ def test_bake_round_trip_is_exact_for_safetensors_and_gguf(real, tmp_path):
     """Hook-ablated logits == baked safetensors reloaded == edited GGUF reloaded, bit for bit (float32)."""
     from headedit.export.bake import read_manifest
     from headedit.model.ablation import ablate
-    from headedit.model.gguf_edit import verify_edit
+    from headedit.model.gguf_verify import verify_edit
     from headedit.model.loading import load_model
 
     model, tokenizer, layout = real

@@ -15,8 +15,9 @@ from typing import Sequence
 from headedit import __version__
 from headedit.atomic import sha256_file
 from headedit.events import Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.model.gguf_edit import read_gguf_summary, verify_edit, write_edited_gguf, zero_columns_plan
+from headedit.model.gguf_edit import read_gguf_summary, write_edited_gguf, zero_columns_plan
 from headedit.model.gguf_source import gguf_tokenizer, load_gguf_model
+from headedit.model.gguf_verify import verify_edit
 from headedit.model.heads import Head, HeadLayout, format_heads
 
 ATTN_OUTPUT = "blk.{layer}.attn_output.weight"  # llama.cpp's name for every architecture's output projection
