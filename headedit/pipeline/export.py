@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from headedit.atomic import atomic_dir
+from headedit.atomic import atomic_dir, write_text_atomic
 from headedit.errors import ExportError, RunError
 from headedit.events import Log, Reporter, null_reporter
 from headedit.export.bake import bake_into, write_manifest
@@ -47,10 +47,13 @@ def export_run(
     target = Path(out) if out else default_export_dir(recipe)
     with atomic_dir(target, force=force, protect=(source.path,)) as tmp:
         manifest = bake_into(source, heads, tmp, reporter)
+        unvalidated = heads != str(selection.get("heads") or "")  # a forced export of a set that did not pass
         for name in RUN_FILES_IN_EXPORT:
-            if (run_dir / name).is_file():
+            if (run_dir / name).is_file() and not (unvalidated and name == VALIDATION_FILE):
                 shutil.copy2(run_dir / name, tmp / name)
-        if run.has(VALIDATION_FILE):
+        if unvalidated:
+            write_text_atomic(tmp / "README.md", _unvalidated_card(recipe.name, heads, selection))
+        elif run.has(VALIDATION_FILE):
             write_card(tmp, run_dir, repo_id=push or recipe.export.repo_id)
         write_manifest(tmp, {k: v for k, v in manifest.items() if k != "files"} | {"run": recipe.name})
     reporter(Log(f"export written: {target}"))
@@ -58,6 +61,16 @@ def export_run(
         url = push_export(target, push, private=recipe.export.private if private is None else private, reporter=reporter)
         reporter(Log(f"pushed: {url}"))
     return target
+
+
+def _unvalidated_card(name: str, heads: str, selection: dict) -> str:
+    """The card of a forced export whose heads did not pass the search's evidence test: it says so first."""
+    reason = str(selection.get("reason") or "the search found no head set")
+    return (f"# {name}: UNVALIDATED head ablation ({heads})\n\n"
+            f"**The selection did not pass.** headedit's search found no head set whose gain on the discovery split "
+            f"passed its evidence test ({reason}). This export was forced (`headedit export --force`): it zeroes the "
+            f"set that came closest, `{heads}`, which was never validated on held-out data. Do not present it as an "
+            f"improvement; `selection.json` (found: false) is the record.\n")
 
 
 def heads_to_export(run_name: str, selection: dict, force: bool) -> str:
