@@ -68,7 +68,7 @@ class ModelCost:
 def model_cost(config: Mapping[str, Any]) -> ModelCost:
     """Count parameters of a Llama-style decoder from its config.json."""
     layout = HeadLayout.from_config(config)
-    cfg = config.get("text_config") if config.get("num_attention_heads") is None and config.get("text_config") else config
+    cfg = config["text_config"] if config.get("num_attention_heads") is None and config.get("text_config") else config
     try:
         vocab = int(cfg["vocab_size"])
         inter = int(cfg["intermediate_size"])

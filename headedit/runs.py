@@ -50,7 +50,7 @@ LOCK_FILE = "lock"
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -252,6 +252,7 @@ class Journal:
             if recipe_sha256 is not None and pinned is None:
                 self.db.execute("INSERT INTO meta VALUES ('recipe_sha256', ?)", (recipe_sha256,))
             cur = self.db.execute("INSERT INTO sessions (pid, started) VALUES (?, ?)", (os.getpid(), now()))
+            assert cur.lastrowid is not None  # set by the INSERT just run
             self.session = int(cur.lastrowid)
 
     @contextmanager
@@ -454,7 +455,7 @@ class Run:
 def default_run_dir(name: str, root: Path | None = None) -> Path:
     """runs/<name>-<UTC timestamp>, unique."""
     root = Path(root) if root is not None else Path("runs")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
     path = root / f"{safe}-{stamp}"
     i = 1

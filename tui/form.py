@@ -67,7 +67,7 @@ def recipe_text(values: dict[str, str], base: Any | None = None) -> str:
     """Recipe TOML for the form; the base recipe's text verbatim when the form did not change it."""
     if base is not None and form_values(base) == {f.id: values.get(f.id, "").strip() for f in FIELDS}:
         return base.source_text
-    data = base.to_dict() if base is not None else {"name": "custom", "model": {}, "task": {}, "discovery": {}}
+    data: dict[str, Any] = base.to_dict() if base is not None else {"name": "custom", "model": {}, "task": {}, "discovery": {}}
     for f in FIELDS:
         section, key = f.key.split(".")
         text = values.get(f.id, "")
@@ -140,7 +140,12 @@ def recipe_dirs() -> list[Path]:
     except ImportError:  # pragma: no cover - a source tree without the recipes package
         pass
     seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    unique: list[Path] = []
+    for p in out:  # first occurrence of each resolved folder, in order
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    return unique
 
 
 def list_recipes(dirs: list[Path] | None = None) -> list[Path]:

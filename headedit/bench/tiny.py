@@ -53,8 +53,8 @@ def tiny_tokenizer() -> Any:
 
     alphabet = _bytes_to_unicode()
     vocab: dict[str, int] = {}
-    for tok in SPECIAL_TOKENS:
-        vocab[tok] = len(vocab)
+    for special in SPECIAL_TOKENS:
+        vocab[special] = len(vocab)
     for ch in alphabet:
         vocab[ch] = len(vocab)
     merges: list[tuple[str, str]] = []

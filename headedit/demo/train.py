@@ -15,13 +15,16 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import torch
 
 from headedit.demo.data import FIRST_SHARE, VOCAB, build_tokenizer, copy_target, index_pair, prompt_text, split_pairs
 from headedit.errors import HeadeditError, OutputExistsError
 from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
+
+if TYPE_CHECKING:  # annotation only: transformers is imported lazily, inside the functions that use it
+    from transformers import PreTrainedModel
 
 SEQ_LEN = 13  # <bos> A ' ' a a + b b = 0 x x <eos>
 ANSWER_FROM = 9  # first answer token's position; loss on positions 9..12 (answer + <eos>)
@@ -199,7 +202,7 @@ def save_checkpoint(model: torch.nn.Module, tokenizer, out_dir: str | Path, forc
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the library never prints; progress goes through the reporter
     try:
-        model.save_pretrained(tmp)
+        cast("PreTrainedModel", model).save_pretrained(tmp)  # the demo model is a LlamaForCausalLM
         tokenizer.save_pretrained(tmp)
         leftovers = [p.name for p in tmp.iterdir() if p.suffix in (".bin", ".pt", ".pth")]
         if leftovers or not (tmp / "model.safetensors").is_file():
@@ -263,8 +266,10 @@ def run_script(train_fn: Callable[..., Path], prog: str, description: str, steps
     args = parser.parse_args(argv)
 
     def printer(event: object) -> None:
-        if isinstance(event, (Log, StageFinished)):
-            print(getattr(event, "message", None) or f"{event.stage}: {event.summary}")  # noqa: T201 (script)
+        if isinstance(event, Log):
+            print(event.message)  # noqa: T201 (script)
+        elif isinstance(event, StageFinished):
+            print(f"{event.stage}: {event.summary}")  # noqa: T201 (script)
 
     try:
         train_fn(args.out_dir, seed=args.seed, steps=args.steps, reporter=printer, force=args.force,

@@ -11,7 +11,7 @@ journaled; a row from an older journal without values counts as unseen and is ev
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -19,11 +19,21 @@ from headedit.discovery.objective import OBJECTIVES
 from headedit.errors import RunError
 from headedit.events import Reporter, SetEvaluated, null_reporter
 from headedit.model.heads import Head, format_heads
-from headedit.runs import Journal
+from headedit.runs import Entry
 
 # (head sets, first example, end example) -> bool array [len(sets), end - first], or with a continuous
 # objective (bits, float values), both [len(sets), end - first]
 EvalFn = Callable[[list[tuple[Head, ...]], int, int], "np.ndarray | tuple[np.ndarray, np.ndarray]"]
+
+
+class ScoreJournal(Protocol):
+    """What a scorer needs of its journal: the run's `headedit.runs.Journal`, or a rank's in-memory
+    `headedit.pipeline.parallel.MirrorJournal` (same rows, no SQLite)."""
+
+    def get(self, split: str, heads: str) -> Entry | None: ...
+
+    def put(self, split: str, heads: str, bits: np.ndarray, stage: str, new_examples: int,
+            values: np.ndarray | None = None) -> Entry: ...
 
 
 class Cancelled(RunError):
@@ -39,7 +49,7 @@ class Scorer:
 
     def __init__(
         self,
-        journal: Journal,
+        journal: ScoreJournal,
         split: str,
         n: int,
         eval_fn: EvalFn,

@@ -133,22 +133,23 @@ def plan_example(
     if task.kind == "choice":
         pairs = [encode_pair(tokenizer, text, choice, special) for choice in example.choices]
         ctx = pairs[0][0]
-        conts = [cont if c == ctx else None for c, cont in pairs]
-        if any(c is None for c in conts):  # context tokenized differently per choice: fall back to separate encoding
+        conts: list[list[int]] = [cont for _, cont in pairs]
+        if any(c != ctx for c, _ in pairs):  # context tokenized differently per choice: fall back to separate encoding
             conts = [tokenizer(ch, add_special_tokens=False)["input_ids"] for ch in example.choices]
         if all(len(c) == 1 for c in conts):
             gathers = tuple((len(ctx) - 1, c[0], k) for k, c in enumerate(conts))
             return Plan(tuple(ctx), gathers, context_len=len(ctx)), tuple(tuple(c) for c in conts)
-        tokens, positions, segments, gathers = list(ctx), list(range(len(ctx))), [0] * len(ctx), []
+        seq, positions, segments = list(ctx), list(range(len(ctx))), [0] * len(ctx)
+        gathered: list[tuple[int, int, int]] = []
         for k, cont in enumerate(conts):
-            start = len(tokens)
+            start = len(seq)
             for j, tok in enumerate(cont):
-                gathers.append((len(ctx) - 1 if j == 0 else start + j - 1, tok, k))
-            tokens += cont
+                gathered.append((len(ctx) - 1 if j == 0 else start + j - 1, tok, k))
+            seq += cont
             positions += range(len(ctx), len(ctx) + len(cont))
             segments += [k + 1] * len(cont)
         return (
-            Plan(tuple(tokens), tuple(gathers), tuple(positions), tuple(segments), context_len=len(ctx)),
+            Plan(tuple(seq), tuple(gathered), tuple(positions), tuple(segments), context_len=len(ctx)),
             tuple(tuple(c) for c in conts),
         )
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]

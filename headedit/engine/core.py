@@ -14,19 +14,26 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, cast
 
 import numpy as np
 import torch
 
-from headedit.model.ablation import HeadAblation, heads_to_mask
 from headedit.engine.batch import (
-    Batch, Plan, PrefilledTokenizer, make_batches, plan_example, repeat_batch_inputs, shift_batch, stop_token_id,
+    Batch,
+    Plan,
+    PrefilledTokenizer,
+    make_batches,
+    plan_example,
+    repeat_batch_inputs,
+    shift_batch,
+    stop_token_id,
     texts_to_encode,
 )
-from headedit.engine.scores import RawScores, aligned_spans, reduce_scores, to_host
 from headedit.engine.generate import draft_plans, generate_correctness
 from headedit.engine.prefix import HiddenCache, gathered_mlp_ok, logits_at, prefix_ok, run_decoder
+from headedit.engine.scores import RawScores, aligned_spans, reduce_scores, to_host
+from headedit.model.ablation import HeadAblation, heads_to_mask
 from headedit.model.heads import Head, HeadLayout
 from headedit.tasks.base import Example, Task
 
@@ -201,6 +208,7 @@ class Engine:
             plans, keep = self.plans(task, examples), list(range(len(examples)))
         for batch in self.batches([plans[i] for i in range(len(plans))]):
             rows, poss, toks, exs, groups = [], [], [], [], []
+            assert batch.gather_tok_host is not None  # make_batches always sets it
             all_rows, all_pos = batch.gather_row.tolist(), batch.gather_pos.tolist()  # one transfer each
             for i in range(len(batch.gather_member)):
                 member = batch.gather_member[i]
@@ -359,17 +367,19 @@ class Engine:
         read_at = self._read_at(batch, k)
         hidden_in = attn_in = None
         if start > 0 and all(st.states is not None for st in starts):
-            hidden_in = torch.cat([st.states for st in starts], dim=0) if k > 1 else starts[0].states
+            hidden_in = torch.cat([cast(torch.Tensor, st.states) for st in starts], dim=0) if k > 1 else starts[0].states
         if (start == 0 or hidden_in is not None) and self.attn_skip and all(st.z is not None for st in starts):
-            attn_in = torch.cat([st.z for st in starts], dim=0) if k > 1 else starts[0].z  # [set*batch, pos, H*d]
+            attn_in = torch.cat([cast(torch.Tensor, st.z) for st in starts], dim=0) if k > 1 else starts[0].z  # [set*batch, pos, H*d]
         first = start if hidden_in is not None else 0
         try:
             final, _ = run_decoder(self.model, ids, mask, pos, start_layer=first, hidden_in=hidden_in,
                                    read_at=read_at, attn_in=attn_in if first == start else None)
+            assert final is not None  # only_capture is off: the forward runs to the end
             if attn_in is not None and first == start and not self._attn_checked:
                 # one-time self-check: o_proj-only first layer equals running its attention (else switch it off)
                 plain, _ = run_decoder(self.model, ids, mask, pos, start_layer=first, hidden_in=hidden_in,
                                        read_at=read_at)
+                assert plain is not None  # as above
                 self._attn_checked = True
                 if not torch.equal(plain, final):
                     self.attn_skip, final = False, plain

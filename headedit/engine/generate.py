@@ -9,7 +9,7 @@ divergent token and every stop criterion come from `generate` itself, exactly as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 import torch
@@ -117,8 +117,8 @@ def get_drafts(engine: "Engine", task: Task, examples: list[Example]) -> list[Dr
     if missing:
         rows = list(missing.items())
         verdicts = check_texts(task, [examples[i] for _, (i, _, _, _) in rows], [t for _, (_, _, _, t) in rows])
-        for (key, (_, ctx, tokens, text)), ok in zip(rows, verdicts):
-            engine._drafts[key] = Draft(ctx, tokens, text, ok)
+        for (key, (_, ctx, draft_tokens, text)), ok in zip(rows, verdicts):
+            engine._drafts[key] = Draft(ctx, draft_tokens, text, ok)
     return [engine._drafts[k] for k in keys]
 
 
@@ -143,7 +143,7 @@ def generate_correctness(engine: "Engine", task: Task, examples: list[Example], 
         for s, per_batch in zip(ablated, raw):
             diverge: dict[int, int] = {}  # plan index -> first draft position whose argmax differs
             for batch, sc in per_batch:
-                wrong = sc.argmax != batch.gather_tok_host  # [n_gathers]
+                wrong = cast(np.ndarray, sc.argmax != batch.gather_tok_host)  # [n_gathers] bool
                 seen: dict[int, int] = {}
                 for i, member in enumerate(batch.gather_member):  # gathers of a member are in draft order
                     j = seen.get(member, 0)

@@ -9,7 +9,7 @@ return value are the hidden states tensor (transformers >= 5), is checked by `te
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import torch
 
@@ -176,15 +176,16 @@ def run_decoder(
             found = attention_of(layers[layer])
             if found is None or (layer == start_layer and attn_in is not None):
                 raise ValueError(f"cannot capture the attention of layer {layer}")
-            handles.append(found[1].o_proj.register_forward_pre_hook(attn_hook(layer)))
+            o_proj = cast(torch.nn.Module, found[1].o_proj)  # Module.__getattr__ is typed Tensor | Module
+            handles.append(o_proj.register_forward_pre_hook(attn_hook(layer)))
         if attn_in is not None:
             found = attention_of(layers[start_layer])
             if found is None:
                 raise ValueError(f"layer {start_layer} has no attention with an o_proj")
             swapped_attn = found
-            setattr(layers[start_layer], found[0], _CachedAttention(found[1].o_proj, attn_in))
+            setattr(layers[start_layer], found[0], _CachedAttention(cast(torch.nn.Module, found[1].o_proj), attn_in))
         if read_at is not None and not only_capture:
-            last_mlp = layers[-1].mlp
+            last_mlp = cast(torch.nn.Module, layers[-1].mlp)
             layers[-1].mlp = _GatheredMLP(last_mlp, *read_at)
         kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
         if position_ids is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 import torch
@@ -33,9 +33,9 @@ def to_host(scores: Iterable[RawScores]) -> None:
     pending = [sc for sc in scores if isinstance(sc.logprob, torch.Tensor)]
     if not pending:
         return
-    sizes = [int(sc.logprob.numel()) for sc in pending]
-    lp = torch.cat([sc.logprob for sc in pending]).cpu().numpy()
-    am = torch.cat([sc.argmax for sc in pending]).cpu().numpy()
+    sizes = [int(cast(torch.Tensor, sc.logprob).numel()) for sc in pending]
+    lp = torch.cat([cast(torch.Tensor, sc.logprob) for sc in pending]).cpu().numpy()
+    am = torch.cat([cast(torch.Tensor, sc.argmax) for sc in pending]).cpu().numpy()  # set with logprob
     with_other = all(isinstance(sc.other, torch.Tensor) for sc in pending)
     ot = torch.cat([sc.other for sc in pending]).cpu().numpy() if with_other else None  # type: ignore[misc]
     at = 0
@@ -52,6 +52,7 @@ def reduce_scores(task: Task, examples: Sequence[Example], batch: Batch, sc: Raw
     every target token to be the argmax; choices compare summed (optionally byte-length normalised)
     log-probabilities. Objectives are defined in `headedit.discovery.objective`."""
     tok = batch.gather_tok_host
+    assert tok is not None  # make_batches always sets it
     if task.kind == "exact":
         ok: dict[int, bool] = {m: True for m in batch.members}
         margin: dict[int, float] = {}

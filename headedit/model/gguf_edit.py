@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from types import ModuleType
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -189,7 +189,10 @@ def read_gguf_summary(path: Path) -> GgufSummary:
                 raise cur.fail(f"duplicate metadata key {key}")
             vtype = cur.unpack("<I")
             value = cur.value(vtype, key)
-            (arrays if vtype == _ARRAY else metadata)[key] = value
+            if vtype == _ARRAY:
+                arrays[key] = cast(int, value)  # value() gives an array's element count
+            else:
+                metadata[key] = value
             spans.append((key, start, cur.pos))
         ti_start = cur.pos
         raw_infos = [_tensor_info(cur) for _ in range(n_tensors)]

@@ -27,6 +27,7 @@ def inspect_model(model: str, revision: str | None = None, gguf_file: str | None
     layout = HeadLayout.from_config(config)
     if source.gguf is not None:
         return _gguf_info(source, layout)
+    files: list[str] | list[Path]  # Hub file names, or local paths
     if source.hub:  # read sizes from the Hub's safetensors headers instead of downloading weights
         params, dtypes, files = _hub_sizes(source.id, revision)
     else:

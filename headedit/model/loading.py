@@ -172,7 +172,8 @@ def load_model(
         if bar:
             hf_logging.enable_progress_bar()
     if device_map is None:
-        model.to(device)
+        # transformers declares PreTrainedModel.to with @wraps(nn.Module.to): mypy then wants `self` as argument 1
+        model.to(device)  # type: ignore[arg-type]
     model.eval()
     tokenizer = load_tokenizer(source, trust_remote_code)
     return model, tokenizer, HeadLayout.from_model(model)

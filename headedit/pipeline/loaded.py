@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from headedit import __version__
 from headedit.atomic import check_target, sha256_file
 from headedit.discovery.early_stop import EarlyStop
-from headedit.discovery.scorer import EvalFn, Scorer
+from headedit.discovery.scorer import EvalFn, ScoreJournal, Scorer
 from headedit.errors import RecipeError, RunError, TaskError
 from headedit.events import Log, Reporter, null_reporter
 from headedit.model.files import check_vocab
@@ -29,14 +29,15 @@ from headedit.model.loading import (
 )
 from headedit.pipeline.parallel import Placement, Shard, placement_for
 from headedit.recipe import Recipe
-from headedit.runs import Journal, Run, default_run_dir, environment, weight_hashes
+from headedit.runs import Run, default_run_dir, environment, weight_hashes
 from headedit.tasks import Split, Task, get_task
+from headedit.tasks.base import SplitName
 
 if TYPE_CHECKING:  # torch-backed types; the modules are imported when a model is loaded
     from headedit.engine.core import Engine
 
-DISCOVERY = "discovery"
-HELDOUT = "heldout"
+DISCOVERY: SplitName = "discovery"
+HELDOUT: SplitName = "heldout"
 SETS_PER_CALL = 16  # head sets per engine call (and per journal commit)
 
 
@@ -79,17 +80,18 @@ def load_for(recipe: Recipe, model_id: str | None = None, reporter: Reporter = n
     return Loaded(recipe, model, tokenizer, layout, engine, get_task(recipe.task.name))
 
 
-def load_split(recipe: Recipe, task: Task, split: str, size: int | None = None) -> Split:
+def load_split(recipe: Recipe, task: Task, split: SplitName, size: int | None = None) -> Split:
     """A task split of the recipe's size; a short split is an error (sizes larger than the data)."""
     want = size if size is not None else (recipe.task.discovery if split == DISCOVERY else recipe.task.heldout)
-    data = task.load(split, size=want, seed=recipe.task.seed, data_dir=recipe.task.data_dir)
+    data_dir = Path(recipe.task.data_dir) if recipe.task.data_dir is not None else None
+    data = task.load(split, size=want, seed=recipe.task.seed, data_dir=data_dir)
     if len(data) < want:
         raise TaskError(f"task {task.name} has only {len(data)} {split} examples, recipe asks for {want}",
                         f"lower task.{split if split == DISCOVERY else 'heldout'} in the recipe")
     return data
 
 
-def scorer_for(loaded: Loaded, journal: Journal, split_name: str, examples: Sequence[Any], reporter: Reporter,
+def scorer_for(loaded: Loaded, journal: ScoreJournal, split_name: str, examples: Sequence[Any], reporter: Reporter,
                cancel: threading.Event | None, shard: Shard | None = None, objective: str = "accuracy") -> Scorer:
     """The journaled scorer; with a `Shard`, each call's sets are split over the processes. A continuous
     `objective` (headedit.discovery.objective) is computed from the same forwards and journaled with the bits."""

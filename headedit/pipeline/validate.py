@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from headedit.discovery.objective import effective, summary
 from headedit.discovery.scorer import Cancelled
 from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.model.heads import format_heads, parse_heads
@@ -53,21 +54,35 @@ def verdict(row: dict[str, Any], alpha: float) -> tuple[bool, str]:
     return False, f"gain did not hold on held-out: {numbers} (not significant at {alpha:g})"
 
 
+def _values(journal: Journal, split_key: str, heads_key: str) -> np.ndarray:
+    """The objective values `_bits` journaled for this row (it always writes them for a continuous objective)."""
+    entry = journal.get(split_key, heads_key)
+    assert entry is not None and entry.values is not None
+    return entry.values
+
+
 def _bits(journal: Journal, engine: Any, task: Any, examples: list, split_key: str, heads_key: str, stage: str,
-          tick: Callable[[int], None], cancel: threading.Event | None) -> np.ndarray:
+          tick: Callable[[int], None], cancel: threading.Event | None, objective: str = "accuracy") -> np.ndarray:
     """Correctness of the engine's model as loaded (no hooks: the edit is in the weights), journaled chunk by
-    chunk under `heads_key`, so a cancelled validation resumes without redoing finished chunks."""
+    chunk under `heads_key`, so a cancelled validation resumes without redoing finished chunks. A continuous
+    `objective` is journaled beside the bits (from the same forwards) for the report, never for the verdict."""
     n = len(examples)
     entry = journal.get(split_key, heads_key)
+    if entry is not None and objective != "accuracy" and entry.values is None:
+        entry = None  # a row from before objectives were journaled: evaluated again, with values
     bits = entry.bits[:n] if entry is not None else np.zeros(0, dtype=bool)
+    values = entry.values[:n] if entry is not None and entry.values is not None else np.zeros(0, np.float32)
     tick(bits.size)
     while bits.size < n:
         if cancel is not None and cancel.is_set():
             raise Cancelled("validation cancelled; finished chunks are saved", "run `headedit validate RUN` again")
         stop = min(n, bits.size + CHUNK)
-        new = np.asarray(engine.correctness(task, examples[bits.size:stop], [()])[0], dtype=bool)  # [stop - start]
+        got, vals = engine.evaluate(task, examples[bits.size:stop], [()], objective)
+        new = np.asarray(got[0], dtype=bool)  # [stop - start]
         bits = np.concatenate([bits, new])
-        journal.put(split_key, heads_key, bits, stage, new_examples=new.size)
+        values = np.concatenate([values, vals[0]])
+        journal.put(split_key, heads_key, bits, stage, new_examples=new.size,
+                    values=values if objective != "accuracy" else None)
         tick(new.size)
     return bits
 
@@ -97,8 +112,10 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
             done[0] += k
             reporter(StageProgress(STAGE, done[0], total))
 
+        objective = effective(recipe.discovery.objective, loaded.task.kind)  # reported beside accuracy
         intact = {t.name: _bits(journal, loaded.engine, t, splits[t.name], _split_key(t.name, tasks[0].name), "",
-                                "validate:intact", tick, cancel) for t in tasks}
+                                "validate:intact", tick, cancel, objective if t is tasks[0] else "accuracy")
+                  for t in tasks}
         # general damage: the intact model's next-token predictions on neutral text, compared after the bake
         neutral = damage_reference(loaded.model, loaded.tokenizer) if heads else None
         if heads:
@@ -113,8 +130,10 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
                 resolve_batch(edited_model.engine, recipe.model.batch_size, edited_model.task,
                               splits[edited_model.task.name], run, reporter)
                 edited = {t.name: _bits(journal, edited_model.engine, t, splits[t.name],
-                                        _split_key(t.name, tasks[0].name), heads, "validate:baked", tick, cancel)
+                                        _split_key(t.name, tasks[0].name), heads, "validate:baked", tick, cancel,
+                                        objective if t is tasks[0] else "accuracy")
                           for t in tasks}
+                assert neutral is not None  # measured above whenever heads is set
                 damage = measure_damage(neutral, edited_model.model, edited_model.tokenizer)
                 del edited_model
             finally:
@@ -122,6 +141,9 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         else:
             edited = intact
             damage = no_damage()
+        main_key = _split_key(tasks[0].name, tasks[0].name)
+        objective_report = None if objective == "accuracy" else summary(
+            objective, _values(journal, main_key, ""), _values(journal, main_key, heads))
     alpha = recipe.validation.alpha
     rows = []
     for t in tasks:
@@ -141,6 +163,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         "ci95_points": main["ci95_points"], "mcnemar_p": main["mcnemar_p"], "passed": passed, "verdict": text,
         "edited_source": "baked checkpoint, reloaded" if heads else "intact",
         **({"checkpoint": checkpoint} if checkpoint is not None else {}),
+        **({"objective": objective_report} if objective_report is not None else {}),
         "damage": damage,
         "side_tasks": [{k: v for k, v in r.items() if k != "relative_error_reduction"} for r in rows[1:]],
         **(removal.fields if removal is not None else {}),

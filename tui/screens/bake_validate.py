@@ -10,6 +10,7 @@ from headedit.tui.screens.base import StepScreen
 from headedit.tui.screens.discovery import read_json
 from headedit.tui.widgets.progress import StageProgressPanel
 from rich import box
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -36,8 +37,10 @@ def results_table(validation: dict[str, Any]) -> Table:
     """Task, intact, edited, gain, relative error reduction, n, 95% CI, McNemar p: target then side tasks."""
     # one space of padding plus the separator between columns: 8 columns fit 78 cells with a 16-character task
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
-    for name, justify in (("task", "left"), ("intact", "right"), ("edited", "right"), ("gain", "right"),
-                          ("RER", "right"), ("n", "right"), ("95% CI", "right"), ("p", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("task", "left"), ("intact", "right"), ("edited", "right"), ("gain", "right"),
+        ("RER", "right"), ("n", "right"), ("95% CI", "right"), ("p", "right"))
+    for name, justify in columns:
         # numbers never wrap; the task column has the rest of the width (side tasks fit 80 columns)
         table.add_column(name, justify=justify, no_wrap=name != "task")
     rows = [dict(validation, role="target")] + [dict(s, role="side") for s in validation.get("side_tasks", [])]

@@ -4,10 +4,11 @@ and dimmed, so a 64-row score is never mistaken for a full-split one)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from rich.text import Text
 from textual.binding import Binding
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 COLUMNS = (("heads", "heads"), ("size", "size"), ("acc", "acc"), ("gain", "gain"), ("n", "n"), ("note", ""))
@@ -89,7 +90,7 @@ class CandidateTable(DataTable):
             n = row.get("n")
             partial = key in ("gain", "acc") and n is not None and full_n is not None and n < full_n
             sign = -1 if self.sort_reverse else 1
-            return (missing, partial, sign * (0.0 if missing else float(v)), row.get("size", 0))
+            return (missing, partial, sign * (0.0 if v is None else float(v)), row.get("size", 0))
 
         self.sort("heads", key=value)
 
@@ -113,4 +114,5 @@ class CandidateTable(DataTable):
 
     @property
     def ordered_heads(self) -> list[str]:
-        return [self.coordinate_to_cell_key((i, 0))[0].value for i in range(self.row_count)]
+        # every row is added with its head set (a str) as key, so RowKey.value is never None here
+        return [cast(str, self.coordinate_to_cell_key(Coordinate(i, 0))[0].value) for i in range(self.row_count)]

@@ -41,7 +41,7 @@ class HeadHeatmap(Widget, can_focus=True):
         Binding("down", "move(1, 0)", "Down", show=False),
         Binding("left", "move(0, -1)", "Left", show=False),
         Binding("right", "move(0, 1)", "Right", show=False),
-        Binding("space", "toggle", "Toggle", show=True),
+        Binding("space", "toggle_head", "Toggle", show=True),
     ]
 
     DEFAULT_CSS = """
@@ -225,7 +225,7 @@ class HeadHeatmap(Widget, can_focus=True):
         self.cursor = (min(max(layer + d_layer, 0), self.num_layers - 1),
                        min(max(head + d_head, 0), self.num_heads - 1))
 
-    def action_toggle(self) -> None:
+    def action_toggle_head(self) -> None:  # not `action_toggle`: DOMNode's takes an attribute name
         if not self.editable or not self.num_layers:
             return
         key = Head(*self.cursor)
@@ -240,7 +240,7 @@ class HeadHeatmap(Widget, can_focus=True):
             if head < self.num_heads:
                 self.cursor = (row, head)
                 if event.chain == 2:
-                    self.action_toggle()
+                    self.action_toggle_head()
 
     def on_focus(self) -> None:
         self.refresh()
