@@ -18,13 +18,13 @@ import numpy as np
 
 from headedit.discovery.objective import effective, summary
 from headedit.discovery.scorer import Cancelled
-from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
-from headedit.model.heads import format_heads, parse_heads
 from headedit.engine.damage import measure as measure_damage
 from headedit.engine.damage import no_damage
 from headedit.engine.damage import reference as damage_reference
+from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.export.bake import bake, read_manifest
 from headedit.export.outgoing import checkpoint_record
+from headedit.model.heads import format_heads, parse_heads
 from headedit.pipeline.loaded import load_for, load_split
 from headedit.pipeline.selectivity import removal_verdict, validation_task_names
 from headedit.runs import VALIDATION_FILE, Journal, Run
