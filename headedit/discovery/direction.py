@@ -183,13 +183,12 @@ def label_screen(screen: ScreenResult, target: str) -> ScreenResult:
     if screen.method == "gradient":  # predicted change of the real objective -> predicted drop
         delta = [[-v for v in row] for row in delta]
     extra = dict(screen.extra)
-    if isinstance(extra.get("intact_objective"), (int, float)):
-        continuous = str(extra.get("objective", "accuracy")) != "accuracy"
-        v = float(extra["intact_objective"])
-        extra["intact_objective"] = -v if continuous else 1.0 - v
+    if "intact_objective" in extra:  # the mean of the negated (margin: clipped) values, not the task's own mean
+        extra["intact_removal_objective"] = extra.pop("intact_objective")
     extra.update(direction=REMOVE, removes=target)
-    rule = (f"remove direction: each score is the drop of {target}'s objective when the head(s) are zeroed "
-            f"(positive = zeroing removes more of the capability; a head the task needs). {screen.rule}")
+    clipped = " (per example only a margin still above 0 counts)" if extra.get("objective") == "margin" else ""
+    rule = (f"remove direction: each score is the drop of {target}'s objective{clipped} when the head(s) are "
+            f"zeroed (positive = zeroing removes more of the capability; a head the task needs). {screen.rule}")
     return replace(screen, delta=delta, rule=rule, intact_acc=1.0 - screen.intact_acc,
                    unit=f"drop in {screen.unit}", extra=extra)
 
@@ -208,10 +207,14 @@ def screen_reporter(method: str, reporter: Reporter) -> Reporter:
     return flip
 
 
-def search_fields(target: str, constraint: RetainConstraint | None) -> dict[str, Any]:
-    """search.json additions: the direction and every retain check the search made."""
+def search_fields(result: SearchResult, target: str, constraint: RetainConstraint | None) -> dict[str, Any]:
+    """search.json additions: the direction, the rule in its terms, and every retain check the search made."""
+    clipped = " (per example only a margin still above 0 counts)" if result.objective == "margin" else ""
+    retained = (f"; a set is selectable only when {constraint.to_json()['rule']}" if constraint is not None else "")
     out: dict[str, Any] = {
         "direction": REMOVE, "removes": target,
+        "rule": (f"remove {target}: the search maximises the drop of its {result.objective}{clipped}, i.e. the "
+                 f"objective below is the negated one{retained}; {result.rule}"),
         "direction_note": ("the search ran on the negated objective of the target: in this file's trace and steps, "
                            "acc is the target's error rate and a gain is a drop of the target"),
     }

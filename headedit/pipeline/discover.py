@@ -111,7 +111,7 @@ def run_discovery(run: Run | RunMirror, recipe: Recipe, journal: Journal | Mirro
     result = joint_search(search_scorer, candidates, loaded.layout.all_heads(), spec,
                           removal.search_reporter(reporter) if removal else reporter,
                           constraint=removal.constraint if removal else None)
-    run.write(SEARCH_FILE, {**result.to_json(), **(removal.search_fields() if removal else {})})
+    run.write(SEARCH_FILE, {**result.to_json(), **(removal.search_fields(result) if removal else {})})
     record = selection_record(result, len(search_rows), screen.method, spec.alpha)
     if removal is not None:
         record.update(removal.finish(result, search_scorer, reporter))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from headedit.discovery import direction
 from headedit.discovery.direction import RemovalScorer, RetainConstraint
@@ -13,11 +13,11 @@ from headedit.discovery.search import STAGE as SEARCH_STAGE
 from headedit.discovery.search import SearchResult
 from headedit.discovery.table import ScreenResult
 from headedit.events import Event, Reporter, StageFinished
+from headedit.journal import Journal
 from headedit.model.heads import format_heads
 from headedit.pipeline.loaded import DISCOVERY, Loaded, load_split, scorer_for
 from headedit.pipeline.parallel import MirrorJournal, Shard
 from headedit.recipe import Recipe
-from headedit.runs import Journal
 from headedit.tasks import get_task
 
 
@@ -42,8 +42,8 @@ class Removal:
     def label(self, screen: ScreenResult) -> ScreenResult:
         return direction.label_screen(screen, self.target)
 
-    def search_fields(self) -> dict[str, Any]:
-        return direction.search_fields(self.target, self.constraint)
+    def search_fields(self, result: SearchResult) -> dict[str, Any]:
+        return direction.search_fields(result, self.target, self.constraint)
 
     def search_reporter(self, reporter: Reporter) -> Reporter:
         """The search's events, less its closing line (its accuracies are the target's error rates): `finish`
@@ -79,8 +79,9 @@ def removal_for(recipe: Recipe, loaded: Loaded, journal: Journal | MirrorJournal
     for name in names:
         task = get_task(name)
         examples = list(load_split(recipe, task, DISCOVERY).examples)
-        scorers[name] = scorer_for(replace(loaded, task=task), journal, direction.RETAIN_SPLIT + name, examples,
-                                   reporter, cancel, shard)
+        # a rank's MirrorJournal answers the journal calls a scorer makes (as in run_discovery)
+        scorers[name] = scorer_for(replace(loaded, task=task), cast(Journal, journal), direction.RETAIN_SPLIT + name,
+                                   examples, reporter, cancel, shard)
     return Removal(loaded.task.name, objective, recipe.discovery.retain_tolerance,
                    RetainConstraint(scorers, recipe.discovery.retain_tolerance, level=1 - recipe.validation.alpha,
                                     n_boot=recipe.validation.bootstrap, seed=recipe.task.seed))
