@@ -50,7 +50,7 @@ def results_table(validation: dict[str, Any]) -> Table:
         rer = row.get("relative_error_reduction")
         style = "green" if (gain or 0) > 0 else ("red" if (gain or 0) < 0 else "")
         table.add_row(
-            ("" if row["role"] == "target" else "side: ") + str(row.get("task", "?")),
+            ("" if row["role"] == "target" else "retain: " if row.get("retain") else "side: ") + str(row.get("task", "?")),
             _pct(row.get("intact_acc")), _pct(row.get("edited_acc")),
             Text("—" if gain is None else f"{gain:+.1f}", style=style),
             "—" if rer is None else f"{100 * rer:.0f}%",
