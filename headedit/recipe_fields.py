@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from headedit.errors import HeadeditError, RecipeError
+from headedit.tasks import LM_EVAL_PREFIX, get_task, is_task_reference, task_from_fields
 
 MAX_SIZE = 10_000_000  # sanity bound on any count; real limits come from the data and the model
 _MEMORY = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
@@ -131,12 +132,10 @@ def _task_names(ctx: _Ctx, key: str, value: Any, check_tasks: bool) -> Any:
     """Resolve a task name through the registry; returns the Task (or None when not checking)."""
     if not check_tasks:
         return None
-    from headedit.tasks import get_task
 
     try:
         return get_task(value)
     except HeadeditError as err:
-        from headedit.tasks import is_task_reference
 
         if is_task_reference(value):  # a task file: its own error (file, key or line) says what is wrong
             raise ctx.fail(key, f"{value!r}: {err.message}", err.hint or "see `headedit tasks FILE`") from None
@@ -179,7 +178,6 @@ def _task_fields(ctx: _Ctx, t: Mapping[str, Any], check_tasks: bool) -> tuple[st
     if shortcut and "data" not in fields:
         raise ctx.fail(f"task.{shortcut[0]}", "needs task.data", 'add data = "FILE.jsonl" (or .csv)')
     if "lm_eval" in fields:
-        from headedit.tasks import LM_EVAL_PREFIX
 
         default = LM_EVAL_PREFIX + fields["lm_eval"]
         name = _get(ctx, t, "name", p, _string, "a task name (string)", default, example=f'"{default}"')
@@ -189,7 +187,6 @@ def _task_fields(ctx: _Ctx, t: Mapping[str, Any], check_tasks: bool) -> tuple[st
         name = _get(ctx, t, "name", p, _string, "a task name (string)", example='"arithmetic"')
     if not fields:
         return name, _task_names(ctx, "task.name", name, check_tasks), fields
-    from headedit.tasks import task_from_fields
 
     try:
         task = task_from_fields(name, fields, ctx.where, read=check_tasks)

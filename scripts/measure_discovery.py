@@ -26,8 +26,8 @@ from headedit.discovery.gradient import gradient_screen
 from headedit.discovery.scorer import Scorer
 from headedit.engine.core import Engine
 from headedit.engine.scores import reduce_scores
+from headedit.journal import Journal
 from headedit.model.heads import Head, HeadLayout
-from headedit.runs import Journal
 from headedit.tasks import get_task
 
 OBJECTIVES = ("accuracy", "margin", "logprob")

@@ -49,8 +49,8 @@ def main() -> None:
     from headedit.discovery.single import single_screen
     from headedit.discovery.table import ScreenResult, topk_overlap
     from headedit.engine.core import Engine
+    from headedit.journal import Journal
     from headedit.model.loading import load_model
-    from headedit.runs import Journal
     from headedit.tasks import get_task
 
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -644,7 +644,8 @@ def make_run(folder: Path, model: Path, builders_run: Path) -> Path:
     """A run folder as `headedit discover` leaves it: recipe, run.json, a real journal, screen and selection."""
     import numpy as np
 
-    from headedit.runs import Journal, Run
+    from headedit.journal import Journal
+    from headedit.runs import Run
 
     text = fill(recipe(), {"model": str(model)})
     run = Run.create(folder, text, {"headedit_version": "0.1.0", "name": "bad-input",

@@ -162,7 +162,7 @@ def test_planted_heads_found_on_200_discovery_rows(tmp_path, objective, screen_r
     assert set(PLANTED) <= set(parse_heads(selection["heads"])), selection["heads"]
     assert [step["accepted"] for step in search["steps"]] == [True] * len(PLANTED)
     if screen_rows:
-        from headedit.runs import Journal
+        from headedit.journal import Journal
 
         assert screen["n"] == screen_rows and selection["screen_rows"] == screen_rows
         assert "the screen chose the candidates on other rows" in search["rule"]

@@ -12,8 +12,8 @@ from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 from headedit.discovery.gradient import gradient_screen  # noqa: E402
 from headedit.discovery.scorer import Scorer  # noqa: E402
 from headedit.engine.core import Engine  # noqa: E402
+from headedit.journal import Journal  # noqa: E402
 from headedit.model.heads import HeadLayout  # noqa: E402
-from headedit.runs import Journal  # noqa: E402
 from headedit.tasks import get_task  # noqa: E402
 
 torch.set_num_threads(1)

@@ -14,8 +14,8 @@ from headedit.discovery.scorer import Cancelled, Scorer
 from headedit.discovery.search import SearchSpec, joint_search
 from headedit.discovery.single import single_screen
 from headedit.discovery.table import topk_overlap
+from headedit.journal import Journal
 from headedit.model.heads import Head, HeadLayout
-from headedit.runs import Journal
 
 LAYOUT = HeadLayout.from_config(
     {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 64}

@@ -20,9 +20,9 @@ import discovery_fixtures as F  # noqa: E402  (registers the coin-test task)
 
 from headedit import pipeline  # noqa: E402
 from headedit.errors import RunError  # noqa: E402
+from headedit.journal import Journal  # noqa: E402
 from headedit.pipeline.parallel import MirrorJournal, Placement, place, share  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
-from headedit.runs import Journal  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]

@@ -27,8 +27,8 @@ from headedit.discovery.early_stop import EarlyStop  # noqa: E402
 from headedit.discovery.scorer import Scorer  # noqa: E402
 from headedit.discovery.search import SearchSpec, joint_search  # noqa: E402
 from headedit.discovery.single import single_screen  # noqa: E402
+from headedit.journal import Journal  # noqa: E402
 from headedit.model.heads import Head, HeadLayout  # noqa: E402
-from headedit.runs import Journal  # noqa: E402
 from headedit.stats import holm, paired_t_greater, sign_flip_greater, sign_test_better  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

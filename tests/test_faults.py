@@ -111,7 +111,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 def journal_rows(run: Path) -> dict[tuple[str, str], tuple[int, bytes]]:
     """The evaluations through runs.py's API: {(split, heads): (n, packed bits)}."""
-    from headedit.runs import Journal
+    from headedit.journal import Journal
 
     with Journal(run / "journal.sqlite") as journal:
         return {(e.split, e.heads): (e.n, e.bits.tobytes()) for e in journal.entries()}

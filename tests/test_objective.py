@@ -23,10 +23,10 @@ from headedit.discovery.scorer import Scorer  # noqa: E402
 from headedit.engine.batch import plan_example, stop_token_id  # noqa: E402
 from headedit.engine.core import Engine  # noqa: E402
 from headedit.errors import RecipeError  # noqa: E402
+from headedit.journal import JOURNAL_FORMAT, Journal  # noqa: E402
 from headedit.model.ablation import ablate  # noqa: E402
 from headedit.model.heads import Head, HeadLayout  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
-from headedit.runs import JOURNAL_FORMAT, Journal  # noqa: E402
 from headedit.tasks import get_task  # noqa: E402
 
 torch.set_num_threads(1)

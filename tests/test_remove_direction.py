@@ -23,9 +23,9 @@ from headedit.discovery.scorer import Scorer  # noqa: E402
 from headedit.discovery.search import SearchSpec, joint_search  # noqa: E402
 from headedit.discovery.single import single_screen  # noqa: E402
 from headedit.errors import RecipeError  # noqa: E402
+from headedit.journal import Journal  # noqa: E402
 from headedit.model.heads import Head, HeadLayout  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
-from headedit.runs import Journal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "import sys; from headedit.cli import main; sys.exit(main())"]

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from headedit.errors import RunError
-from headedit.runs import Journal, Run
+from headedit.journal import Journal
+from headedit.runs import Run
 
 RECIPE = 'name = "trust"\n[model]\nid = "headedit:demo"\n[task]\nname = "copy-second"\ndiscovery = 16\nheldout = 16\nseed = 0\n'
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from headedit.errors import RunError
-from headedit.runs import Journal, Run, default_run_dir, environment, run_lock, weight_hashes
+from headedit.journal import Journal
+from headedit.runs import Run, default_run_dir, environment, run_lock, weight_hashes
 
 REPO = Path(__file__).resolve().parents[1]
 

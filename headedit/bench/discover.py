@@ -26,8 +26,8 @@ from headedit.discovery.early_stop import EarlyStop
 from headedit.discovery.scorer import Scorer
 from headedit.discovery.search import SearchSpec, joint_search
 from headedit.discovery.single import single_screen
+from headedit.journal import Journal
 from headedit.model.heads import Head, HeadLayout, format_heads
-from headedit.runs import Journal
 from headedit.tasks.base import Example, Task
 
 

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 from headedit.discovery.scorer import Scorer
 from headedit.discovery.table import ScreenResult, topk_overlap
+from headedit.journal import Journal
 from headedit.model.heads import HeadLayout
-from headedit.runs import Journal
 from headedit.tasks.base import Example, Task
 
 

@@ -37,10 +37,9 @@ def _retrained_recipe_text(text: str, model_dir: Path) -> str:
 def run(args: argparse.Namespace, console: Any) -> int:
     from rich.rule import Rule
 
+    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.commands.render import render_heatmap, render_validation, rich_reporter
     from headedit.model.inspect import inspect_model
-
-    # lazy: the CLI starts, and reports bad input, without loading torch
     from headedit.pipeline import run as run_all
     from headedit.recipe import parse_recipe
     from headedit.runs import SCREEN_FILE, SELECTION_FILE, Run

@@ -18,8 +18,8 @@ import numpy as np
 from headedit.discovery.objective import OBJECTIVES
 from headedit.errors import RunError
 from headedit.events import Reporter, SetEvaluated, null_reporter
+from headedit.journal import Entry
 from headedit.model.heads import Head, format_heads
-from headedit.runs import Entry
 
 # (head sets, first example, end example) -> bool array [len(sets), end - first], or with a continuous
 # objective (bits, float values), both [len(sets), end - first]
@@ -27,7 +27,7 @@ EvalFn = Callable[[list[tuple[Head, ...]], int, int], "np.ndarray | tuple[np.nda
 
 
 class ScoreJournal(Protocol):
-    """What a scorer needs of its journal: the run's `headedit.runs.Journal`, or a rank's in-memory
+    """What a scorer needs of its journal: the run's `headedit.journal.Journal`, or a rank's in-memory
     `headedit.pipeline.parallel.MirrorJournal` (same rows, no SQLite)."""
 
     def get(self, split: str, heads: str) -> Entry | None: ...

@@ -213,7 +213,7 @@ def push_export(
     if not export.is_dir():
         raise ExportError(f"export folder {export} not found", "pass the folder written by `headedit bake` or `headedit export`")
     reporter(StageStarted("push", total=3, description=f"publishing to {repo_id}"))
-    from headedit.export.bake import verify_export
+    from headedit.export.bake import verify_export  # lazy: bake's model-loading stack only when pushing
 
     manifest = verify_export(export)  # structure, every listed file present, no unlisted weights
     validation_passed(export, force, manifest)

@@ -21,6 +21,7 @@ from headedit.discovery.search import SearchResult, SearchSpec, joint_search
 from headedit.discovery.table import ScreenResult
 from headedit.errors import HeadeditError, RunError
 from headedit.events import Log, Reporter, null_reporter
+from headedit.journal import Entry, Journal
 from headedit.model.heads import format_heads
 from headedit.pipeline.loaded import (
     DISCOVERY,
@@ -42,7 +43,7 @@ from headedit.pipeline.parallel import (
 )
 from headedit.pipeline.removal import removal_for
 from headedit.recipe import Recipe, parse_recipe
-from headedit.runs import RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, Journal, Run, environment
+from headedit.runs import RECIPE_FILE, SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Run, environment
 
 SEARCH_SPLIT = "discovery:search"  # journal split of the search's own rows when discovery.screen_rows > 0
 

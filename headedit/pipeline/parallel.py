@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from headedit.errors import HeadeditError, RunError
-from headedit.runs import SCREEN_FILE, SEARCH_FILE, SELECTION_FILE, Entry, extend_entry
+from headedit.journal import Entry, extend_entry
+from headedit.runs import SCREEN_FILE, SEARCH_FILE, SELECTION_FILE
 
 STAGE_FILES = (SCREEN_FILE, SEARCH_FILE, SELECTION_FILE)
 

@@ -24,10 +24,11 @@ from headedit.engine.damage import reference as damage_reference
 from headedit.events import Log, Reporter, StageFinished, StageProgress, StageStarted, null_reporter
 from headedit.export.bake import bake, read_manifest
 from headedit.export.outgoing import checkpoint_record
+from headedit.journal import Journal
 from headedit.model.heads import format_heads, parse_heads
 from headedit.pipeline.loaded import load_for, load_split
 from headedit.pipeline.selectivity import removal_verdict, validation_task_names
-from headedit.runs import VALIDATION_FILE, Journal, Run
+from headedit.runs import VALIDATION_FILE, Run
 from headedit.stats import format_p, paired_summary
 from headedit.tasks import get_task
 

@@ -262,7 +262,7 @@ max_heads = 2
         footer = screen_text(app).splitlines()[-1]
         assert "Resume" in footer and "Cancel" not in footer and "Candidates" not in footer, footer
         assert (run_dir / "journal.sqlite").is_file() and not (run_dir / "selection.json").exists()
-        from headedit.runs import Journal
+        from headedit.journal import Journal
 
         with Journal(run_dir / "journal.sqlite") as journal:
             done_before = len(journal.entries())
