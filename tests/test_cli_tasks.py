@@ -179,3 +179,7 @@ out = "{tmp_path / 'export'}"
     assert "0.0" in validation["heads"].split(",") and validation["gain_points"] > 50 and validation["passed"]
     (side_result,) = validation["side_tasks"]
     assert side_result["edited_acc"] < side_result["intact_acc"] - 0.5  # copy-first pays, as with the built-ins
+    source = validation["task_source"]
+    assert source["kind"] == "file" and source["data"][0]["file"] == "pairs.jsonl" and len(source["data"][0]["sha256"]) == 64
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert str(tmp_path) not in card  # the side task's file is named by its file name only, never its folder

@@ -205,6 +205,20 @@ def _source_model_id(where: Path, export: Path, manifest: dict[str, Any]) -> tup
     return (str(source["id"]) if source.get("id") else None), False
 
 
+def _without_task_paths(validation: dict[str, Any]) -> dict[str, Any]:
+    """validation.json with task names that are file paths shortened to the file name (cards are public)."""
+    def name(value: Any) -> Any:
+        text = str(value)
+        return Path(text.partition("#")[0]).name + ("#" + text.partition("#")[2] if "#" in text else "") \
+            if ("/" in text or "\\" in text) else value
+
+    out = dict(validation)
+    out["task"] = name(out.get("task", "task"))
+    out["side_tasks"] = [{**s, "task": name(s.get("task"))} if isinstance(s, dict) else s
+                         for s in out.get("side_tasks") or []]
+    return out
+
+
 def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_id: str | None = None) -> Any:
     """Build the ModelCard of an export from its manifest and the run's files (validation.json is required)."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -212,8 +226,9 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     export = Path(export_dir)
     manifest = read_manifest(export)
     where = Path(run_dir) if run_dir is not None else export
-    validation = _read_json(where / "validation.json", required=True)
-    assert validation is not None
+    found = _read_json(where / "validation.json", required=True)
+    assert found is not None
+    validation = _without_task_paths(found)  # a task file is named by its file name, never its folder
     run = _read_json(where / "run.json")
     screen, search, selection = (_read_json(where / n) for n in ("screen.json", "search.json", "selection.json"))
     recipe_file = where / "recipe.toml" if (where / "recipe.toml").is_file() else export / "recipe.toml"
@@ -226,6 +241,9 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     heads_text = str(manifest.get("heads", ""))
     heads = parse_heads(heads_text) if heads_text else ()
     task = str(validation.get("task", "task"))
+    source = validation.get("task_source")
+    task_file = source.get("task_file") if isinstance(source, dict) and isinstance(source.get("task_file"), dict) \
+        else None
     split = str(validation.get("split", "heldout"))
     side = [s for s in validation.get("side_tasks") or [] if isinstance(s, dict)]
     short = (origin.base_model or source_id).rstrip("/").split("/")[-1]
@@ -259,6 +277,8 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
         "that head's contribution for every input; no weight was trained and no shape changed. "
         f"On held-out data, accuracy went from {_pct(validation.get('intact_acc'))} to "
         f"{_pct(validation.get('edited_acc'))} ({pts(validation.get('gain_points'))} points)."
+        + (f" The task is defined by the file `{task_file.get('file')}` (sha256 `{task_file.get('sha256')}`)."
+           if task_file else "")
     )
     files = manifest.get("files") or {}
     weights = sorted((n, d) for n, d in files.items() if n.endswith(".safetensors"))

@@ -31,6 +31,7 @@ from headedit.pipeline.selectivity import removal_verdict, validation_task_names
 from headedit.runs import VALIDATION_FILE, Run
 from headedit.stats import format_p, paired_summary
 from headedit.tasks import get_task
+from headedit.tasks.source import task_source
 
 STAGE = "validate"
 CHUNK = 64  # examples per engine call, for progress and resumability
@@ -166,6 +167,7 @@ def validate_run(run_dir: str | Path, reporter: Reporter = null_reporter, cancel
         **({"checkpoint": checkpoint} if checkpoint is not None else {}),
         **({"objective": objective_report} if objective_report is not None else {}),
         "damage": damage,
+        "task_source": task_source(tasks[0]),  # file name + sha256 of a task file (never its folder), or built-in
         "side_tasks": [{k: v for k, v in r.items() if k != "relative_error_reduction"} for r in rows[1:]],
         **(removal.fields if removal is not None else {}),
     }
