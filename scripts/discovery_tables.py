@@ -22,6 +22,7 @@ import numpy as np
 from scipy import stats
 
 from headedit.discovery.early_stop import EarlyStop
+from headedit.discovery.evidence import p_value
 from headedit.stats import paired_t_greater, sign_flip_greater
 
 OBJECTIVES = ("accuracy", "margin", "logprob")
@@ -59,8 +60,8 @@ def main(folder: Path) -> None:
     t_needed = float(stats.t.isf(threshold, 79))
     print(f"## Sensitivity (SE of one head's effect at n = 80; pass = one-sided p < 0.05/{total}, t > "
           f"{t_needed:.2f})\n")
-    print("| objective | median SE at n=80 | median abs(effect)/SE | heads abs(z80) > 2 | heads z80 > 2 | "
-          "heads z80 > 3.6 (would pass) | best head, z80 |")
+    print("| objective | median SE at n=80 | median abs(effect)/SE at n=80 | heads helping, one-sided p < 0.05 (n measured) "
+          "| heads z80 > t needed | best head, z80 | split-half reliability (Spearman) |")
     print("|---|---|---|---|---|---|---|")
     sens = {}
     for obj in OBJECTIVES:
@@ -72,10 +73,16 @@ def main(folder: Path) -> None:
         with np.errstate(divide="ignore", invalid="ignore"):
             z80 = np.where(se80 > 0, effect / se80, 0.0)
         best = int(np.argmax(z80))
-        sens[obj] = {"effect": effect.tolist(), "se80": se80.tolist(), "z80": z80.tolist()}
+        raw = single[obj]
+        p_help = np.array([p_value(obj, raw[0], raw[1 + i]) for i in range(len(heads))])
+        half = n // 2  # each head's effect on the first and on the second half of the rows
+        first, second = d[:, :half].mean(axis=1), d[:, half:].mean(axis=1)
+        reliability = float(stats.spearmanr(first, second).statistic)
+        sens[obj] = {"effect": effect.tolist(), "se80": se80.tolist(), "z80": z80.tolist(), "p_help": p_help.tolist(),
+                     "split_half": reliability}
         print(f"| {obj} | {np.median(se80):.3g} {UNIT[obj]} | {np.median(np.abs(z80)):.2f} | "
-              f"{int((np.abs(z80) > 2).sum())} | {int((z80 > 2).sum())} | {int((z80 > t_needed).sum())} | "
-              f"{heads[best]}, {z80[best]:.2f} |")
+              f"{int((p_help < 0.05).sum())} of {len(heads)} | {int((z80 > t_needed).sum())} | "
+              f"{heads[best]}, {z80[best]:.2f} | {reliability:.2f} |")
     out["sensitivity"] = sens
     acc_eff = np.array(sens["accuracy"]["effect"])
     for obj in ("margin", "logprob"):
@@ -132,9 +139,9 @@ def main(folder: Path) -> None:
         frac = sum(seen) / (n * len(heads))
         add(f"single + early stop ({obj})", scores, f"{int(stopped.sum())} heads stopped, {frac:.0%} of the "
             f"examples, ~{frac * cpu_single:.0f} s CPU", order=stopped)
-    if (folder / "compressed.npz").is_file():
-        comp = np.load(folder / "compressed.npz")
-        sets = json.loads((folder / "knockouts.json").read_text())
+    comp = np.load(folder / "compressed.npz") if (folder / "compressed.npz").is_file() else None
+    sets = json.loads((folder / "knockouts.json").read_text()) if comp is not None else []
+    if comp is not None and comp["accuracy"].shape[0] == len(sets):
         index = {h: j for j, h in enumerate(heads)}
         x = np.zeros((len(sets), len(heads)))  # [set, head] knockout indicators
         for r, s in enumerate(sets):
