@@ -141,12 +141,20 @@ def test_search_bound_covers_the_real_search() -> None:
 
     class Always:  # accuracy grows with set size, so the search never stops early
         n = 1000
+        objective = "accuracy"  # the search ranks and tests by the accuracy objective
+        continuous = False
 
-        def accuracy(self, s):
+        def accuracy(self, s, upto=None):
             return min(1.0, 0.1 * len(s) + 0.001 * sum(h.head + 4 * h.layer for h in s))
 
-        def bits(self, s):  # correctness consistent with accuracy(): the first acc*n examples right
-            return np.arange(self.n) < round(self.accuracy(s) * self.n)
+        def bits(self, s, upto=None):  # correctness consistent with accuracy(): the first acc*n examples right
+            return (np.arange(self.n) < round(self.accuracy(s) * self.n))[: self.n if upto is None else upto]
+
+        def values(self, s, upto=None):
+            return self.bits(tuple(s))[: self.n if upto is None else upto].astype(np.float64)
+
+        def mean(self, s, upto=None):
+            return float(self.values(s, upto).mean())
 
         def ensure(self, sets, upto=None, stage=""):
             upto = self.n if upto is None else upto
