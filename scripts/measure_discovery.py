@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headedit.discovery.compressed import knockout_draws
 from headedit.discovery.gradient import gradient_screen
 from headedit.discovery.scorer import Scorer
 from headedit.engine.core import Engine
@@ -61,16 +62,7 @@ def score_all(engine: Engine, task, examples, sets: list[tuple[Head, ...]]) -> d
 
 def knockouts(heads: list[Head], count: int, fraction: float, seed: int) -> list[tuple[Head, ...]]:
     """headedit's stratified knockout sampling, over a subset of heads."""
-    q = int(min(max(1, round(fraction * len(heads))), max(1, len(heads) - 1)))
-    rng = np.random.default_rng(seed)
-    stream: list[Head] = []
-    sets: list[tuple[Head, ...]] = []
-    while len(sets) < count:
-        while len(stream) < q:
-            stream.extend(heads[i] for i in rng.permutation(len(heads)))
-        group, stream = stream[:q], stream[q:]
-        sets.append(tuple(sorted(set(group))))
-    return sets
+    return knockout_draws(heads, count, fraction, seed)
 
 
 def chunked(path: Path, engine: Engine, task, examples, sets: list[tuple[Head, ...]], chunk: int,

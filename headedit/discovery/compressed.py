@@ -24,12 +24,16 @@ def knockout_size(total_heads: int, fraction: float) -> int:
 
 
 def knockout_sets(layout: HeadLayout, count: int, fraction: float, seed: int) -> list[tuple[Head, ...]]:
-    """`count` sets of ~fraction*heads heads; stratified so every head is in the same number of sets (+-1).
+    """`count` knockout sets over every head of the model (see `knockout_draws`)."""
+    return knockout_draws(layout.all_heads(), count, fraction, seed)
+
+
+def knockout_draws(heads: list[Head], count: int, fraction: float, seed: int) -> list[tuple[Head, ...]]:
+    """`count` sets of ~fraction*heads of `heads`; stratified so every head is in the same number of sets (+-1).
 
     Heads are drawn from a stream of independent random permutations cut into consecutive groups,
     so coverage is balanced by construction rather than by chance.
     """
-    heads = layout.all_heads()
     q = knockout_size(len(heads), fraction)
     rng = np.random.default_rng(seed)
     stream: list[Head] = []

@@ -189,7 +189,8 @@ def bake(
     src = resolve_model(source, revision, gguf_file=gguf_file)
     out = Path(out)
     # Validate everything that can fail cheaply before creating anything on disk.
-    layout = HeadLayout.from_config(source_config(src))
+    config = source_config(src)
+    layout = HeadLayout.from_config(config)
     if isinstance(heads, str):
         chosen = parse_heads(heads, layout)
     else:
@@ -198,8 +199,9 @@ def bake(
         raise HeadSpecError("no heads to zero: the head set is empty, so the bake would be an unedited copy",
                             'name heads, e.g. --heads "3.1,5.7", or pass --allow-empty to copy the model as it is')
     check_contained(src)
-    check_vocab(source_config(src), source_weight_files(src))
-    check_shapes(layout, source_weight_files(src))
+    files = source_weight_files(src)
+    check_vocab(config, files)
+    check_shapes(layout, files)
     if src.gguf is not None:
         check_gguf_edit(src.gguf, layout, chosen)
     with atomic_dir(out, force=force, protect=(src.path,)) as tmp:
