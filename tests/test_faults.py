@@ -15,31 +15,27 @@ Hub has answered for push.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-import discovery_fixtures as F  # noqa: E402  (registers coin-test in this process)
+from testkit import coin  # registers coin-test in this process
+from testkit.files import tree_digest
+from testkit.journal import journal_rows, journal_totals, journal_work
+from testkit.kill import base_env, run_and_kill
+from testkit.recipes import coin_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
 SEED = int(os.environ.get("HEADEDIT_FAULT_SEED", "9091"))
-# The CLI with the coin-test task registered (it lives in tests/, not in the package).
-WRAPPER = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import discovery_fixtures; "
-           "from headedit.cli import main; sys.exit(main())")
+WRAPPER = coin.CLI_CODE
 DISCOVERY_N = 256
 
 
@@ -47,99 +43,15 @@ def rng_for(name: str) -> random.Random:
     return random.Random(f"{SEED}:{name}")
 
 
-def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.update(extra or {})
-    return env
-
-
-def tree_digest(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-class Outcome:
-    def __init__(self, killed: bool, returncode: int, stdout: str, stderr: str, seconds: float) -> None:
-        self.killed, self.returncode, self.stdout, self.stderr, self.seconds = killed, returncode, stdout, stderr, seconds
-
-
-def run_and_kill(cmd: list[str], env: dict[str, str], trigger: Callable[[float], bool] | None, delay: float = 0.0,
-                 watch: Callable[[], None] | None = None, cwd: Path = ROOT, timeout: float = 240) -> Outcome:
-    """Start `cmd`; once `trigger(elapsed)` holds, wait `delay` seconds and SIGKILL it (if still running).
-
-    `watch` is called every few milliseconds for the whole life of the process (e.g. to check what is visible
-    at a target path). Output goes to files, so a killed process never blocks on a full pipe.
-    """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err)
-        fire_at: float | None = None
-        killed = False
-        try:
-            while proc.poll() is None:
-                now = time.monotonic() - start
-                if now > timeout:
-                    proc.kill()
-                    raise AssertionError(f"{cmd[3:]} ran over {timeout}s")
-                if watch is not None:
-                    watch()
-                if fire_at is None and trigger is not None and trigger(now):
-                    fire_at = now + delay
-                if fire_at is not None and now >= fire_at and proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    killed = True
-                    break
-                time.sleep(0.003)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if watch is not None:
-            watch()
-        seconds = time.monotonic() - start
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    return Outcome(killed and proc.returncode == -signal.SIGKILL, proc.returncode, stdout, stderr, seconds)
-
-
 # ---- discover ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return F.save_tiny_model(tmp_path_factory.mktemp("faults-model") / "model")
-
-
-def journal_rows(run: Path) -> dict[tuple[str, str], tuple[int, bytes]]:
-    """The evaluations through runs.py's API: {(split, heads): (n, packed bits)}."""
-    from headedit.journal import Journal
-
-    with Journal(run / "journal.sqlite") as journal:
-        return {(e.split, e.heads): (e.n, e.bits.tobytes()) for e in journal.entries()}
-
-
-def journal_work(run: Path) -> tuple[int, int]:
-    """(examples committed as work by all sessions, examples held by all rows), read without writing."""
-    with sqlite3.connect(f"file:{run / 'journal.sqlite'}?mode=ro", uri=True) as db:
-        work = db.execute("SELECT COALESCE(SUM(examples_evaluated), 0) FROM sessions").fetchone()[0]
-        held = db.execute("SELECT COALESCE(SUM(n), 0) FROM evaluations").fetchone()[0]
-    return int(work), int(held)
-
-
-def committed_work(run: Path) -> int:
-    try:
-        return journal_work(run)[0]
-    except sqlite3.Error:  # not created yet, or mid-checkpoint
-        return 0
-
-
 @pytest.mark.slow
-def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
+def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, coin_model):
     import torch
 
     from headedit import pipeline
     from headedit.recipe import parse_recipe
 
-    text = F.recipe_text(model_dir, discovery=DISCOVERY_N, name="faults")
+    text = coin_recipe(coin_model, discovery=DISCOVERY_N, name="faults")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the CLI runs (OMP_NUM_THREADS=1), so the bits are comparable
     try:
@@ -147,7 +59,7 @@ def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
     finally:
         torch.set_num_threads(threads)  # later tests in this process keep their own setting
     ref_rows = journal_rows(reference)
-    ref_work, _ = journal_work(reference)
+    ref_work, _ = journal_totals(reference)
     ref_selection = json.loads((reference / "selection.json").read_text())
 
     recipe_file, run = tmp_path / "r.toml", tmp_path / "run"
@@ -164,13 +76,13 @@ def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
         args = ["discover", "--resume", str(run)] if (run / "run.json").is_file() else \
             ["discover", str(recipe_file), "--out", str(run)]
         res = run_and_kill([sys.executable, "-c", WRAPPER, *args], env,
-                           lambda _t, target=target: committed_work(run) >= target, delay)
-        log.append(f"#{i} target={target:.0f} delay={delay:.3f}s killed={res.killed} work={committed_work(run)}")
+                           lambda _t, target=target: journal_work(run) >= target, delay)
+        log.append(f"#{i} target={target:.0f} delay={delay:.3f}s killed={res.killed} work={journal_work(run)}")
         if not res.killed:
             assert res.returncode == 0, (log, res.stderr[-2000:])
             break
         kills += 1
-        work, held = journal_work(run)
+        work, held = journal_totals(run)
         assert work == held, f"journal work {work} != examples held {held}: an evaluation was counted twice ({log})"
         for key, (n, bits) in journal_rows(run).items():  # every row is a prefix of the uninterrupted run's
             assert key in ref_rows, (key, log)
@@ -185,7 +97,7 @@ def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
     assert final.stdout.strip().splitlines()[-1] == f"selected: {ref_selection['heads']}"
     assert json.loads((run / "selection.json").read_text()) == ref_selection
     assert journal_rows(run) == ref_rows  # nothing lost, nothing extra, same bits
-    work, held = journal_work(run)
+    work, held = journal_totals(run)
     assert work == held == ref_work, (work, held, ref_work, log)  # no (set, example) evaluated twice
     for name in ("screen.json", "search.json"):
         ours, theirs = json.loads((run / name).read_text()), json.loads((reference / name).read_text())
@@ -196,10 +108,10 @@ def test_kill_9_during_discover_resumes_to_the_same_result(tmp_path, model_dir):
 
 
 @pytest.mark.slow
-def test_second_process_on_a_run_folder_is_refused(tmp_path, model_dir):
+def test_second_process_on_a_run_folder_is_refused(tmp_path, coin_model):
     """Freeze a discover that holds the run's lock (SIGSTOP), start a second one, then let the first finish."""
     recipe_file, run = tmp_path / "r.toml", tmp_path / "run"
-    recipe_file.write_text(F.recipe_text(model_dir, discovery=64, name="locked"))
+    recipe_file.write_text(coin_recipe(coin_model, discovery=64, name="locked"))
     env = base_env()
     first = subprocess.Popen([sys.executable, "-c", WRAPPER, "discover", str(recipe_file), "--out", str(run)],
                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -224,7 +136,7 @@ def test_second_process_on_a_run_folder_is_refused(tmp_path, model_dir):
     out, err = first.communicate(timeout=240)
     assert first.returncode == 0, err
     assert out.strip().splitlines()[-1].startswith("selected: ")
-    assert journal_work(run)[0] == journal_work(run)[1]
+    assert journal_totals(run)[0] == journal_totals(run)[1]
 
 
 # ---- bake --------------------------------------------------------------------------------------
@@ -416,7 +328,7 @@ def test_kill_9_during_push_leaves_the_commit_or_nothing(tmp_path, hub_server, h
 
 # ---- validate (issue 18): a full disk is said so, a killed validation leaves no model copy behind ------------
 @pytest.fixture(scope="module")
-def discovered_run(tmp_path_factory, model_dir) -> Path:
+def discovered_run(tmp_path_factory, coin_model) -> Path:
     """A run whose discovery finished with heads selected (so validation bakes a temporary checkpoint)."""
     import torch
 
@@ -424,7 +336,7 @@ def discovered_run(tmp_path_factory, model_dir) -> Path:
     from headedit.recipe import parse_recipe
 
     root = tmp_path_factory.mktemp("validate-faults")
-    text = F.recipe_text(model_dir, discovery=64, heldout=64, name="validate-faults")
+    text = coin_recipe(coin_model, discovery=64, heldout=64, name="validate-faults")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

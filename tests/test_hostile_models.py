@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_foundation import make_model, save, tree_digest
+from testkit.files import tree_digest
+from testkit.models import family_model, save_model
 
 from headedit.errors import ExportError, ModelLoadError, UnsupportedModelError
 from headedit.export.bake import bake
@@ -16,7 +17,7 @@ from headedit.model.loading import load_model
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    return save(make_model("llama"), tmp_path_factory.mktemp("hostile") / "good")
+    return save_model(family_model("llama"), tmp_path_factory.mktemp("hostile") / "good")
 
 
 def variant(good: Path, tmp_path: Path, name: str) -> Path:

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import discovery_fixtures as F  # noqa: E402  (registers the coin-test task)
+from testkit import coin  # registers the coin-test task
+from testkit.journal import journal_rows, journal_work
+from testkit.recipes import coin_recipe
 
 from headedit import pipeline  # noqa: E402
 from headedit.errors import RunError  # noqa: E402
@@ -29,26 +29,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return F.save_tiny_model(tmp_path_factory.mktemp("m") / "model")
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, model_dir) -> Path:
+def finished(tmp_path_factory, coin_model) -> Path:
     """One uninterrupted discover run, shared by the read-only checks."""
     root = tmp_path_factory.mktemp("run")
-    recipe = parse_recipe(F.recipe_text(model_dir), root / "r.toml")
+    recipe = parse_recipe(coin_recipe(coin_model), root / "r.toml")
     return pipeline.discover(recipe, root / "run")
-
-
-def _rows(path: Path) -> dict:
-    with Journal(path / "journal.sqlite") as j:
-        return {(e.split, e.heads): (e.n, e.bits.tobytes()) for e in j.entries()}
-
-
-def _work(path: Path) -> int:
-    with sqlite3.connect(path / "journal.sqlite") as db:
-        return int(db.execute("SELECT SUM(examples_evaluated) FROM sessions").fetchone()[0] or 0)
 
 
 def test_run_folder_contents(finished: Path) -> None:
@@ -77,11 +62,11 @@ def test_run_folder_contents(finished: Path) -> None:
         assert sel.n == 192 and sel.bits.mean() == pytest.approx(selection["discovery_acc"])
 
 
-def test_kill_9_mid_screen_then_resume_redoes_nothing(tmp_path, model_dir, finished) -> None:
+def test_kill_9_mid_screen_then_resume_redoes_nothing(tmp_path, coin_model, finished) -> None:
     recipe_file = tmp_path / "r.toml"
-    recipe_file.write_text(F.recipe_text(model_dir))
+    recipe_file.write_text(coin_recipe(coin_model))
     run_dir = tmp_path / "run"
-    code = "import sys; sys.path.insert(0, 'tests'); import discovery_fixtures; from headedit.cli import main; sys.exit(main())"
+    code = coin.CLI_CODE
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", code, "discover", str(recipe_file), "--out", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -103,7 +88,7 @@ def test_kill_9_mid_screen_then_resume_redoes_nothing(tmp_path, model_dir, finis
     proc.wait(timeout=30)
     assert killed, "discover finished before it could be killed mid-screen"
     assert not (run_dir / "screen.json").exists()  # killed mid-screen
-    before = _rows(run_dir)
+    before = journal_rows(run_dir)
     assert before  # some finished work survived the kill
 
     resumed = subprocess.run([sys.executable, "-c", code, "discover", "--resume", str(run_dir)], cwd=REPO, env=env,
@@ -111,10 +96,10 @@ def test_kill_9_mid_screen_then_resume_redoes_nothing(tmp_path, model_dir, finis
     assert resumed.returncode == 0, resumed.stderr
     expected = json.loads((finished / "selection.json").read_text())["heads"]
     assert resumed.stdout.strip().splitlines()[-1] == f"selected: {expected}"
-    after = _rows(run_dir)
-    assert after == _rows(finished)  # same evaluations, same bits
+    after = journal_rows(run_dir)
+    assert after == journal_rows(finished)  # same evaluations, same bits
     assert all(after[k][0] >= v[0] for k, v in before.items())
-    assert _work(run_dir) == _work(finished)  # no (set, example) evaluated twice across the kill
+    assert journal_work(run_dir) == journal_work(finished)  # no (set, example) evaluated twice across the kill
     assert json.loads((run_dir / "selection.json").read_text()) == json.loads((finished / "selection.json").read_text())
 
 
@@ -142,9 +127,9 @@ def test_lock_newer_format_and_corrupt_journal(tmp_path, finished) -> None:
 
 
 def test_resume_of_finished_run_evaluates_nothing(finished) -> None:
-    work = _work(finished)
+    work = journal_work(finished)
     pipeline.discover(None, finished, resume=True)
-    assert _work(finished) == work
+    assert journal_work(finished) == work
 
 
 def test_evaluate_set_is_journaled(finished) -> None:
@@ -152,18 +137,18 @@ def test_evaluate_set_is_journaled(finished) -> None:
     with Journal(finished / "journal.sqlite") as j:
         entry = j.get("discovery", "0.0,2.3")
         assert entry.stage == "manual" and entry.bits.mean() == pytest.approx(acc)
-    work = _work(finished)
+    work = journal_work(finished)
     assert pipeline.evaluate_set(finished, "2.3,0.0") == acc  # same set, canonical key: free
-    assert _work(finished) == work
+    assert journal_work(finished) == work
     pipeline.release()
 
 
-def test_validate_uses_baked_checkpoint_and_heldout_only_here(tmp_path, model_dir) -> None:
+def test_validate_uses_baked_checkpoint_and_heldout_only_here(tmp_path, coin_model) -> None:
     from headedit.engine.core import Engine
     from headedit.model.loading import load_model
     from headedit.tasks import get_task
 
-    recipe = parse_recipe(F.recipe_text(model_dir, side='"arithmetic"', heldout=96), tmp_path / "r.toml")
+    recipe = parse_recipe(coin_recipe(coin_model, side='"arithmetic"', heldout=96), tmp_path / "r.toml")
     path = pipeline.discover(recipe, tmp_path / "run")
     with Journal(path / "journal.sqlite") as j:
         assert j.splits_used() == {"discovery"}
@@ -178,7 +163,7 @@ def test_validate_uses_baked_checkpoint_and_heldout_only_here(tmp_path, model_di
         assert {e.stage for e in j.entries() if e.split.startswith("heldout")} == {"validate:intact", "validate:baked"}
         intact, edited = j.get("heldout", "").bits, j.get("heldout", heads).bits
     # the baked checkpoint's answers equal the in-memory ablation's on every held-out example
-    model, tok, layout = load_model(model_dir)
+    model, tok, layout = load_model(coin_model)
     engine = Engine(model, tok, layout, batch_size=32)
     task = get_task("coin-test")
     examples = list(task.load("heldout", 96, 0).examples)
@@ -197,11 +182,11 @@ def test_validate_uses_baked_checkpoint_and_heldout_only_here(tmp_path, model_di
     assert [s["task"] for s in side] == ["arithmetic"] and side[0]["n"] == 96
 
 
-def test_cli_run_end_to_end_and_validate_json(tmp_path, model_dir, capsys) -> None:
+def test_cli_run_end_to_end_and_validate_json(tmp_path, coin_model, capsys) -> None:
     from headedit.cli import main
 
     recipe_file = tmp_path / "r.toml"
-    recipe_file.write_text(F.recipe_text(model_dir, screen="compressed", discovery=96, heldout=64,
+    recipe_file.write_text(coin_recipe(coin_model, screen="compressed", discovery=96, heldout=64,
                                          extra="compressed_sets = 24\ncompressed_fraction = 0.2"))
     run_dir, export = tmp_path / "run", tmp_path / "export"
     assert main(["run", str(recipe_file), "--out", str(run_dir), "--export", str(export)]) == 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from testkit.recipes import recipe_toml
 
 from headedit.cli import main as cli_main
 from headedit.model.heads import Head
@@ -52,8 +53,8 @@ register_task(_DigitsTask())
 
 
 def recipe(discovery: str = "", side: str = "", model: str = "x/y", task: str = "plan-test-digits"):
-    return parse_recipe(f'name = "p"\n[model]\nid = "{model}"\ndtype = "float32"\n[task]\nname = "{task}"\n'
-                        f"discovery = 8\nheldout = 12\n[discovery]\n{discovery}\n[validation]\n{side}\n")
+    text = recipe_toml("p", model={"id": model, "dtype": "float32"}, task={"name": task, "discovery": 8, "heldout": 12})
+    return parse_recipe(f"{text}[discovery]\n{discovery}\n[validation]\n{side}\n")
 
 
 def tokenizers_dir() -> Path:
@@ -206,8 +207,9 @@ def test_cpu_estimate_within_2x_of_a_timed_forward_loop(tmp_path: Path) -> None:
                       intermediate_size=1024, vocab_size=len(tok))
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
-    r = parse_recipe('name = "p"\n[model]\nid = "x/y"\ndtype = "float32"\n[task]\nname = "plan-test-digits"\n'
-                     "discovery = 16\n[discovery]\ncandidates = 2\nmax_heads = 1\n")
+    r = parse_recipe(recipe_toml("p", model={"id": "x/y", "dtype": "float32"},
+                                 task={"name": "plan-test-digits", "discovery": 16},
+                                 discovery={"candidates": 2, "max_heads": 1}))
     name, flops_per_s = device_flops("cpu", "float32", cfg.to_dict())
     plan = make_plan(r, cfg.to_dict(), tokenizer=tok, devices={name: flops_per_s})
     screen = plan.stages[0]

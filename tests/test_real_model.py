@@ -154,29 +154,14 @@ def test_engine_agrees_with_plain_transformers_on_real_rows(real, task_name, n):
 
 @pytest.mark.realdata
 @pytest.mark.slow
-def test_headedit_run_end_to_end_on_the_real_model(tmp_path):
+def test_headedit_run_end_to_end_on_the_real_model(tmp_path, write_recipe):
     """A small run through the CLI: discover (gradient screen), validate, export safetensors + edited GGUF, card."""
     if "HEADEDIT_DATA_DIR" not in os.environ:
         pytest.skip("HEADEDIT_DATA_DIR not set (real HellaSwag rows)")
-    recipe = tmp_path / "r.toml"
-    recipe.write_text(f"""
-name = "smollm2-e2e"
-[model]
-id = "{REAL_MODEL_ID}"
-dtype = "float32"
-device = "cpu"
-batch_size = 8
-[task]
-name = "hellaswag"
-discovery = 16
-heldout = 16
-[discovery]
-screen = "gradient"
-candidates = 3
-search = "greedy"
-beam = 1
-max_heads = 2
-""")
+    recipe = write_recipe(
+        name="smollm2-e2e", model={"id": REAL_MODEL_ID, "dtype": "float32", "device": "cpu", "batch_size": 8},
+        task={"name": "hellaswag", "discovery": 16, "heldout": 16},
+        discovery={"screen": "gradient", "candidates": 3, "search": "greedy", "beam": 1, "max_heads": 2})
     done = _cli("run", str(recipe), "--out", str(tmp_path / "run"), "--export", str(tmp_path / "export"),
                 cwd=tmp_path, timeout=1500)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

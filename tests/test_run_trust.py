@@ -13,17 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit.files import tree_digest
+from testkit.recipes import recipe_toml
 
 from headedit.errors import RunError
 from headedit.journal import Journal
 from headedit.runs import Run
 
-RECIPE = 'name = "trust"\n[model]\nid = "headedit:demo"\n[task]\nname = "copy-second"\ndiscovery = 16\nheldout = 16\nseed = 0\n'
-
-
-def tree(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+RECIPE = recipe_toml("trust", task={"name": "copy-second", "discovery": 16, "heldout": 16, "seed": 0})
 
 
 def sessions(run: Path) -> int:
@@ -56,18 +53,18 @@ def test_recipe_is_pinned_in_run_json_and_the_journal(run: Run) -> None:
 
     changed = RECIPE.replace("seed = 0", "seed = 7")
     run.file("recipe.toml").write_text(changed)
-    before = tree(run.path)
+    before = tree_digest(run.path)
     with pytest.raises(RunError, match="recipe.toml of run .* was changed after the run was created") as err:
         Run.open(run.path)
     assert "start a new run" in str(err.value) and "\n" not in str(err.value)
 
     # run.json edited to agree: the journal, written under the old recipe, still refuses, and writes nothing
     run.file("run.json").write_text(json.dumps({**info, "recipe_sha256": hashlib.sha256(changed.encode()).hexdigest()}))
-    before, count = tree(run.path), sessions(run.path)
+    before, count = tree_digest(run.path), sessions(run.path)
     reopened = Run.open(run.path)
     with pytest.raises(RunError, match="written under another recipe"):
         reopened.journal()
-    assert tree(run.path) == before and sessions(run.path) == count
+    assert tree_digest(run.path) == before and sessions(run.path) == count
 
 
 def test_a_run_without_a_pin_is_pinned_by_its_journal(tmp_path: Path) -> None:
@@ -104,11 +101,11 @@ def test_journal_rows_are_checked_before_anything_is_written(run: Run, sql: str,
             db.execute(sql)
     finally:
         db.close()
-    before, count = tree(run.path), sessions(run.path)
+    before, count = tree_digest(run.path), sessions(run.path)
     with pytest.raises(RunError, match=expect) as err:
         Journal(run.file("journal.sqlite"))
     assert "\n" not in str(err.value)
-    assert tree(run.path) == before and sessions(run.path) == count  # not even a session row
+    assert tree_digest(run.path) == before and sessions(run.path) == count  # not even a session row
 
 
 @pytest.mark.parametrize(("name", "content", "expect"), [
@@ -130,11 +127,11 @@ def test_run_files_of_the_wrong_shape_are_refused_at_open(run: Run, name: str, c
     if name == "run.json":
         content = {**json.loads(run.file("run.json").read_text()), **content} if isinstance(content, dict) else content
     run.file(name).write_text(json.dumps(content))
-    before = tree(run.path)
+    before = tree_digest(run.path)
     with pytest.raises(RunError, match=expect) as err:
         Run.open(run.path)
     assert "\n" not in str(err.value) and name in str(err.value)
-    assert tree(run.path) == before
+    assert tree_digest(run.path) == before
 
 
 def test_unknown_task_in_run_json_and_non_regular_run_files(run: Run, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit.recipes import recipe_toml
 
 from headedit.errors import RecipeError, TaskError
 from headedit.recipe import parse_recipe
@@ -66,7 +67,8 @@ def test_the_two_front_ends_build_the_same_examples(monkeypatch):
 
 
 def recipe(tmp_path: Path, task: str) -> str:
-    return f'name = "r"\n[model]\nid = "headedit:demo"\n[task]\n{task}\n'
+    """A recipe whose [task] table is the raw TOML `task` (the inline-task fields are what these tests are about)."""
+    return recipe_toml("r", task={}) + f"{task}\n"
 
 
 def test_recipe_inline_fields_register_the_task_and_round_trip(tmp_path):

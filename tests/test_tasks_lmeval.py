@@ -30,14 +30,13 @@ SEED = 1  # tiny Llama seed: 8 of the 16 BoolQ rows right, so agreement is not t
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """The tiny random Llama, its bake with ABLATED zeroed, the demo model and its bake with 0.0 zeroed."""
-    from headedit.bench.tiny import tiny_model, tiny_tokenizer
+    from testkit.models import save_tiny
+
     from headedit.export.bake import bake
     from headedit.model.bundled import DEMO_ID, bundled_model_path
 
     root = tmp_path_factory.mktemp("lmeval")
-    tiny = root / "tiny"
-    tiny_model(seed=SEED).save_pretrained(tiny)
-    tiny_tokenizer().save_pretrained(tiny)
+    tiny = save_tiny(root / "tiny", seed=SEED)
     return {"tiny": tiny, "tiny_baked": bake(tiny, ABLATED, root / "tiny_baked"),
             "demo": bundled_model_path(DEMO_ID), "demo_baked": bake(DEMO_ID, "0.0", root / "demo_baked")}
 

@@ -15,31 +15,18 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from testkit.recipes import recipe_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RECIPE = """name = "token-scan"
-[model]
-id = "headedit:demo"
-dtype = "float32"
-device = "cpu"
-[task]
-name = "copy-second"
-discovery = 160
-heldout = 240
-seed = 0
-[discovery]
-screen = "single"
-candidates = 4
-max_heads = 2
-[validation]
-side_tasks = ["copy-first"]
-bootstrap = 1000
-[export]
-out = "exports/token-scan"
-repo_id = "{repo}"
-private = true
-"""
+
+
+def recipe(repo: str) -> str:
+    return recipe_toml("token-scan", model={"id": "headedit:demo", "dtype": "float32", "device": "cpu"},
+                       task={"name": "copy-second", "discovery": 160, "heldout": 240, "seed": 0},
+                       discovery={"screen": "single", "candidates": 4, "max_heads": 2},
+                       validation={"side_tasks": ["copy-first"], "bootstrap": 1000},
+                       export={"out": "exports/token-scan", "repo_id": repo, "private": True})
 
 
 def needles(token: str) -> list[bytes]:
@@ -59,7 +46,7 @@ def test_full_run_with_push_writes_the_token_nowhere(tmp_path, hub_server, hub_u
     for folder in (work, home, tmp):
         folder.mkdir()
     repo = f"{hub_user.name}/token-scan"
-    (work / "recipe.toml").write_text(RECIPE.format(repo=repo))
+    (work / "recipe.toml").write_text(recipe(repo))
     env = {**hub_env, "HOME": str(home), "TMPDIR": str(tmp), "HF_HOME": str(home / "hf"), "HF_TOKEN": token,
            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("XDG_CACHE_HOME", None)

@@ -12,14 +12,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-weight tiny Llama saved as safetensors with its tokenizer."""
-    from headedit.bench.tiny import tiny_model, tiny_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    tiny_model().save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    """A random-weight tiny Llama saved as safetensors with its tokenizer (the suite's shared one)."""
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="session")

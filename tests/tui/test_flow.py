@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from testkit.recipes import recipe_toml
 
 pytestmark = pytest.mark.anyio
 
@@ -217,18 +218,9 @@ async def test_cancel_leaves_a_resumable_run(tmp_path: Path, tiny_dir: Path) -> 
     from headedit.events import SetEvaluated, StageProgress
     from headedit.recipe import parse_recipe
 
-    recipe = parse_recipe(f"""name = "cancel"
-[model]
-id = "{tiny_dir}"
-device = "cpu"
-[task]
-name = "arithmetic"
-discovery = 64
-heldout = 32
-[discovery]
-candidates = 3
-max_heads = 2
-""")
+    recipe = parse_recipe(recipe_toml("cancel", model={"id": tiny_dir, "device": "cpu"},
+                                      task={"name": "arithmetic", "discovery": 64, "heldout": 32},
+                                      discovery={"candidates": 3, "max_heads": 2}))
 
     class CancelOnFirstProgress(DiscoveryScreen):
         """A user who presses Cancel the instant the first progress tick arrives (set in the worker thread,

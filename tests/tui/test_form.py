@@ -12,6 +12,7 @@ from headedit.tui import form
 from headedit.tui.app import HeadeditApp
 from headedit.tui.screens.candidates import CandidatesScreen
 from headedit.tui.screens.setup import SetupScreen
+from testkit.recipes import recipe_toml
 
 from headedit.recipe import parse_recipe
 
@@ -20,17 +21,8 @@ from .runfolder import write_run
 
 pytestmark = pytest.mark.anyio
 
-RECIPE = """name = "form-test"
-
-[model]
-id = "MODEL"
-device = "cpu"
-
-[task]
-name = "arithmetic"
-discovery = 40
-heldout = 40
-"""
+RECIPE = recipe_toml("form-test", model={"id": "MODEL", "device": "cpu"},
+                     task={"name": "arithmetic", "discovery": 40, "heldout": 40})
 
 
 def make_app(tmp_path: Path, model: str) -> HeadeditApp:

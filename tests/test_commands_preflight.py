@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testkit.recipes import recipe_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "recipes" / "demo.toml")
@@ -63,8 +64,8 @@ def test_export_refuses_an_existing_out_before_baking(tmp_path: Path) -> None:
 
     source = make_source(tmp_path / "source")
     run = make_run(tmp_path / "run", source)
-    (run / "recipe.toml").write_text(f'name = "tiny"\n[model]\nid = "{source}"\n[task]\nname = "copy-second"\n'
-                                     'discovery = 64\nheldout = 128\n')
+    (run / "recipe.toml").write_text(recipe_toml("tiny", model=source,
+                                                 task={"name": "copy-second", "discovery": 64, "heldout": 128}))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
     proc, _ = _cli(["export", str(run), "--out", "taken"], tmp_path)

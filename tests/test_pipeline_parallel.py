@@ -13,14 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+import testkit.coin  # noqa: F401  (registers the coin-test task)
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import discovery_fixtures as F  # noqa: E402  (registers the coin-test task)
+from testkit.journal import journal_rows, journal_work
+from testkit.kill import descendants
+from testkit.models import save_coin_model
+from testkit.recipes import coin_recipe
 
 from headedit import pipeline  # noqa: E402
 from headedit.errors import RunError  # noqa: E402
-from headedit.journal import Journal  # noqa: E402
 from headedit.pipeline.parallel import MirrorJournal, Placement, place, share  # noqa: E402
 from headedit.recipe import parse_recipe  # noqa: E402
 
@@ -31,43 +32,16 @@ N = 64
 STAGE_FILES = ("screen.json", "search.json", "selection.json")
 ENTRY = f"""import sys
 sys.path.insert(0, {str(TESTS)!r})
-import discovery_fixtures  # registers coin-test in every process
+import testkit.coin  # registers coin-test in every process
 from headedit.cli import main
 sys.exit(main())
 """
-
-
-def _rows(path: Path) -> dict:
-    with Journal(path / "journal.sqlite") as j:
-        return {(e.split, e.heads): (e.n, e.bits.tobytes(), e.stage) for e in j.entries()}
-
-
-def _work(path: Path) -> int:
-    with sqlite3.connect(path / "journal.sqlite") as db:
-        return int(db.execute("SELECT SUM(examples_evaluated) FROM sessions").fetchone()[0] or 0)
 
 
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun starts its workers in their own sessions, so killpg misses them)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _torchrun(tmp: Path, *args: str) -> subprocess.Popen:
@@ -84,9 +58,9 @@ def _torchrun(tmp: Path, *args: str) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("dist")
-    model = F.save_tiny_model(root / "model")
+    model = save_coin_model(root / "model")
     recipe_file = root / "r.toml"
-    recipe_file.write_text(F.recipe_text(model, discovery=N))
+    recipe_file.write_text(coin_recipe(model, discovery=N))
     one = pipeline.discover(parse_recipe(recipe_file.read_text(), recipe_file), root / "one")
     return {"root": root, "recipe": recipe_file, "one": one}
 
@@ -101,11 +75,11 @@ def test_two_processes_give_the_one_process_journal_and_selection(setup) -> None
     lines = out.strip().splitlines()
     assert lines[-1] == f"selected: {selected}"
     assert sum(line.startswith("selected:") for line in lines) == 1  # only rank 0 prints
-    assert _rows(two) == _rows(one)  # same rows, same bits, same stages
-    assert len(_rows(one)) > 13  # screen (12 heads + intact) and search sets
+    assert journal_rows(two, stage=True) == journal_rows(one, stage=True)  # same rows, same bits, same stages
+    assert len(journal_rows(one, stage=True)) > 13  # screen (12 heads + intact) and search sets
     for name in STAGE_FILES:
         assert json.loads((two / name).read_text()) == json.loads((one / name).read_text()), name
-    assert _work(two) == _work(one)  # every (set, example) evaluated once in all, not once per process
+    assert journal_work(two) == journal_work(one)  # every (set, example) evaluated once in all, not once per process
     info = json.loads((two / "run.json").read_text())
     assert info["environment"]["processes"] == "2" and info["environment"]["device"] == "cpu"
 
@@ -125,7 +99,7 @@ def test_two_process_run_killed_then_resumed_with_one(setup) -> None:
             except sqlite3.Error:
                 rows = 0
             if rows >= 2:
-                for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun and both workers, at once
+                for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun and both workers, at once
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -136,13 +110,13 @@ def test_two_process_run_killed_then_resumed_with_one(setup) -> None:
     proc.communicate(timeout=60)
     assert killed, "the 2-process run finished before it could be killed"
     assert not (run_dir / "selection.json").exists()
-    before = _rows(run_dir)
-    assert before and len(before) < len(_rows(one))
+    before = journal_rows(run_dir, stage=True)
+    assert before and len(before) < len(journal_rows(one, stage=True))
 
     resumed = pipeline.discover(None, run_dir, resume=True)  # one process now
-    assert _rows(resumed) == _rows(one)
-    assert all(_rows(resumed)[k][0] >= v[0] for k, v in before.items())
-    assert _work(resumed) == _work(one)  # nothing the 2 processes finished was evaluated again
+    assert journal_rows(resumed, stage=True) == journal_rows(one, stage=True)
+    assert all(journal_rows(resumed, stage=True)[k][0] >= v[0] for k, v in before.items())
+    assert journal_work(resumed) == journal_work(one)  # nothing the 2 processes finished was evaluated again
     for name in STAGE_FILES:
         assert json.loads((resumed / name).read_text()) == json.loads((one / name).read_text()), name
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import discovery_fixtures as F  # noqa: E402  (registers coin-test)
+from testkit import coin  # registers coin-test
+from testkit.journal import journal_arrays, search_rows
+from testkit.models import save_coin_model
+from testkit.recipes import default_recipe
 
 from headedit.discovery import evidence  # noqa: E402
 from headedit.discovery.early_stop import EarlyStop  # noqa: E402
@@ -34,8 +33,7 @@ from headedit.stats import holm, paired_t_greater, sign_flip_greater, sign_test_
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = HeadLayout.from_config({"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8,
                                  "hidden_size": 64})
-WRAPPER = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import discovery_fixtures; "
-           "from headedit.cli import main; sys.exit(main())")
+WRAPPER = coin.CLI_CODE
 
 
 class Margins:
@@ -137,23 +135,6 @@ def test_noise_alone_is_rarely_selected(tmp_path):
 
 
 # ---- the real pipeline on tiny random models ------------------------------------------------------
-def _recipe(model: Path, seed: int, discovery: int = 96, **discovery_fields) -> str:
-    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in discovery_fields.items())
-    return f"""name = "noise-{seed}"
-[model]
-id = "{model.as_posix()}"
-dtype = "float32"
-device = "cpu"
-batch_size = 32
-[task]
-name = "coin-test"
-discovery = {discovery}
-heldout = 16
-seed = {seed}
-[discovery]
-{extra}"""
-
-
 def test_random_tiny_models_select_nothing_at_the_default_level(tmp_path, capsys):
     """No head matters (coin-flip labels): the default recipe finds nothing in at least 19 of 20 seeds."""
     import torch
@@ -165,8 +146,8 @@ def test_random_tiny_models_select_nothing_at_the_default_level(tmp_path, capsys
     torch.set_num_threads(1)
     outcomes = []
     for seed in range(20):
-        model = F.save_tiny_model(tmp_path / f"model{seed}", seed=seed)
-        recipe = parse_recipe(_recipe(model, seed), tmp_path / "r.toml")
+        model = save_coin_model(tmp_path / f"model{seed}", seed=seed)
+        recipe = parse_recipe(default_recipe(model, seed), tmp_path / "r.toml")
         assert (recipe.discovery.objective, recipe.discovery.alpha) == ("margin", 0.05)
         run = pipeline.discover(recipe, run_dir=tmp_path / f"run{seed}")
         outcomes.append((seed, json.loads((run / "selection.json").read_text())))
@@ -200,39 +181,24 @@ def test_random_tiny_models_select_nothing_at_the_default_level(tmp_path, capsys
     assert checked["objective"]["name"] == "margin" and checked["objective"]["gain"] == 0.0
 
 
-def _rows(run: Path) -> dict:
-    with Journal(run / "journal.sqlite") as journal:
-        return {(e.split, e.heads): (e.bits.copy(), None if e.values is None else e.values.copy())
-                for e in journal.entries()}
-
-
-def _search_rows(run: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{run / 'journal.sqlite'}?mode=ro", uri=True) as db:
-            return int(db.execute("SELECT COUNT(*) FROM evaluations WHERE stage = 'search'").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
-
-@pytest.mark.slow
 def test_kill_9_mid_search_resumes_to_the_same_selection(tmp_path):
     import torch
 
     from headedit import pipeline
     from headedit.recipe import parse_recipe
 
-    model = F.save_tiny_model(tmp_path / "model", seed=7)
+    model = save_coin_model(tmp_path / "model", seed=7)
     # alpha = 1 keeps the search going for several sizes, so kills land inside it; the objective is the margin
-    text = _recipe(model, 7, discovery=128, objective="margin", alpha=1.0, max_heads=3, candidates=5)
+    text = default_recipe(model, 7, discovery=128, objective="margin", alpha=1.0, max_heads=3, candidates=5)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the CLI runs (OMP_NUM_THREADS=1)
     try:
         reference = pipeline.discover(parse_recipe(text, tmp_path / "r.toml"), tmp_path / "reference")
     finally:
         torch.set_num_threads(threads)
-    ref_rows = _rows(reference)
+    ref_rows = journal_arrays(reference)
     ref_selection = json.loads((reference / "selection.json").read_text())
-    total = _search_rows(reference)
+    total = search_rows(reference)
     assert len(ref_selection["heads"].split(",")) == 3 and total >= 8
 
     recipe_file, run = tmp_path / "r.toml", tmp_path / "run"
@@ -245,13 +211,13 @@ def test_kill_9_mid_search_resumes_to_the_same_selection(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", WRAPPER, *args], env=env, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         start = time.monotonic()
-        while proc.poll() is None and _search_rows(run) < target and time.monotonic() - start < 120:
+        while proc.poll() is None and search_rows(run) < target and time.monotonic() - start < 120:
             time.sleep(0.002)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.wait()
-        for key, (bits, values) in _rows(run).items():  # every row a prefix of the uninterrupted run's
+        for key, (bits, values) in journal_arrays(run).items():  # every row a prefix of the uninterrupted run's
             ref_bits, ref_values = ref_rows[key]
             assert np.array_equal(bits, ref_bits[: bits.size]), key
             assert values is not None and np.allclose(values, ref_values[: values.size], atol=1e-5), key
@@ -261,7 +227,7 @@ def test_kill_9_mid_search_resumes_to_the_same_selection(tmp_path):
     assert final.returncode == 0, final.stderr[-2000:]
     assert final.stdout.strip().splitlines()[-1] == f"selected: {ref_selection['heads']}"
     assert json.loads((run / "selection.json").read_text()) == ref_selection
-    rows = _rows(run)
+    rows = journal_arrays(run)
     assert rows.keys() == ref_rows.keys()
     for key, (bits, values) in rows.items():
         assert np.array_equal(bits, ref_rows[key][0]) and np.allclose(values, ref_rows[key][1], atol=1e-5), key

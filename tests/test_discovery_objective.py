@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import testkit.coin  # noqa: F401  (registers coin-test)
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import discovery_fixtures  # noqa: E402, F401  (registers coin-test)
+from testkit.recipes import recipe_toml
 
 from headedit.bench.eval import synthetic_hellaswag  # noqa: E402
 from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
@@ -171,7 +168,7 @@ def test_journal_values_round_trip_and_format1_upgrade(tmp_path):
 
 
 def test_recipe_objective_and_alpha_are_validated():
-    base = 'name = "t"\n[model]\nid = "m"\n[task]\nname = "boolq"\n[discovery]\n'
+    base = recipe_toml(model="m", task="boolq", discovery={})
     assert parse_recipe(base).discovery.objective == "margin"
     assert parse_recipe(base + 'objective = "logprob"\nalpha = 1.0').discovery.alpha == 1.0
     assert parse_recipe(base.replace('"boolq"\n', '"boolq"\ndiscovery = 300\n') + "screen_rows = 100").discovery.screen_rows == 100

@@ -2,15 +2,12 @@
 OutOfMemoryError above a threshold), the real engine probe, and the size kept in run.json across a resume."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import testkit.coin  # noqa: F401  (registers coin-test)
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import discovery_fixtures as F  # noqa: E402,F401  (registers coin-test)
 
 from headedit.bench.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 from headedit.engine.autobatch import (  # noqa: E402

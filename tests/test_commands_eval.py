@@ -3,23 +3,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from headedit.bench.tiny import tiny_model, tiny_tokenizer
 from headedit.cli import main
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_model().save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-def test_eval_prints_accuracy_and_writes_json(model_dir, tmp_path, capsys):
+def test_eval_prints_accuracy_and_writes_json(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "r.json"
-    code = main(["eval", str(model_dir), "--task", "arithmetic", "--split", "heldout", "--limit", "6",
+    code = main(["eval", str(tiny_model_dir), "--task", "arithmetic", "--split", "heldout", "--limit", "6",
                  "--heads", "1.2,0.0", "--json", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
@@ -30,9 +19,9 @@ def test_eval_prints_accuracy_and_writes_json(model_dir, tmp_path, capsys):
     assert 0 <= data["ci95"][0] <= data["accuracy"] <= data["ci95"][1] <= 1
 
 
-def test_eval_bad_input_is_one_line(model_dir, capsys):
-    assert main(["eval", str(model_dir), "--task", "nope"]) == 2
-    assert main(["eval", str(model_dir), "--task", "arithmetic", "--heads", "7.0"]) == 2
+def test_eval_bad_input_is_one_line(tiny_model_dir, capsys):
+    assert main(["eval", str(tiny_model_dir), "--task", "nope"]) == 2
+    assert main(["eval", str(tiny_model_dir), "--task", "arithmetic", "--heads", "7.0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("headedit: error:") for line in err)
 

@@ -14,16 +14,6 @@ from headedit.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from headedit.bench.tiny import tiny_model, tiny_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny") / "m"
-    tiny_model(seed=1).save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def test_tasks_lists_every_builtin_with_kind_metric_dataset_and_sizes(capsys):
     assert main(["tasks", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -49,14 +39,14 @@ def test_tasks_describes_a_task_file(capsys, monkeypatch):
     assert info["source"]["data"][0]["file"] == "capitals.jsonl" and len(info["source"]["task_file"]["sha256"]) == 64
 
 
-def test_eval_json_provenance_and_log_samples(tiny, tmp_path, capsys, monkeypatch):
+def test_eval_json_provenance_and_log_samples(tiny_model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     out, samples = tmp_path / "r.json", tmp_path / "s.jsonl"
-    assert main(["eval", str(tiny), "--task", "recipes/tasks/capitals.toml", "--heads", "0.1", "--json", str(out),
+    assert main(["eval", str(tiny_model_dir), "--task", "recipes/tasks/capitals.toml", "--heads", "0.1", "--json", str(out),
                  "--log-samples", str(samples)]) == 0
     assert "samples:" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["model"]["id"] == str(tiny) and result["model"]["dtype"] == "float32"
+    assert result["model"]["id"] == str(tiny_model_dir) and result["model"]["dtype"] == "float32"
     assert result["model"]["device"] == "cpu" and result["seed"] == 0 and result["limit"] is None
     assert result["versions"]["headedit"] and result["versions"]["torch"] and "T" in result["date"]
     source = result["task_source"]
@@ -70,7 +60,7 @@ def test_eval_json_provenance_and_log_samples(tiny, tmp_path, capsys, monkeypatc
         assert rec["correct"] == (rec["pred"] == rec["label"]) and rec["target"] == rec["choices"][rec["label"]]["text"]
     pytest.importorskip("lm_eval")
     yaml_out = tmp_path / "y.json"
-    assert main(["eval", str(tiny), "--task", "recipes/tasks/capitals.yaml", "--heads", "0.1",
+    assert main(["eval", str(tiny_model_dir), "--task", "recipes/tasks/capitals.yaml", "--heads", "0.1",
                  "--json", str(yaml_out)]) == 0
     assert json.loads(yaml_out.read_text())["examples"] == result["examples"]  # the two front ends agree
 
@@ -142,7 +132,7 @@ def test_a_bad_task_file_through_the_installed_command(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_jsonl_task_runs_discovery_validation_and_export_like_a_builtin(tmp_path):
+def test_a_jsonl_task_runs_discovery_validation_and_export_like_a_builtin(tmp_path, write_recipe):
     """The demo model with its copy tasks written as a JSONL file: the recipe's inline task is discovered on,
     a task TOML is the side task, and the run ends with an export whose validation shows the planted edit."""
     from headedit.demo.data import index_pair, split_pairs
@@ -152,26 +142,12 @@ def test_a_jsonl_task_runs_discovery_validation_and_export_like_a_builtin(tmp_pa
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     side = write(tmp_path, "first.toml", f'[task]\ndata = "{data}"\nprompt = "<bos>A {{a}}+{{b}}="\ntarget = "first"\n')
-    recipe = write(tmp_path, "r.toml", f"""name = "pairs"
-[model]
-id = "headedit:demo"
-dtype = "float32"
-device = "cpu"
-[task]
-name = "copy-second-jsonl"
-data = "{data}"
-prompt = "<bos>A {{a}}+{{b}}="
-target = "second"
-[discovery]
-candidates = 8
-max_heads = 2
-[validation]
-side_tasks = ["{side}"]
-bootstrap = 200
-[export]
-out = "{tmp_path / 'export'}"
-""")
-    proc = subprocess.run([sys.executable, "-m", "headedit", "run", recipe], cwd=tmp_path, capture_output=True,
+    recipe = write_recipe(
+        "r.toml", name="pairs", model={"id": "headedit:demo", "dtype": "float32", "device": "cpu"},
+        task={"name": "copy-second-jsonl", "data": data, "prompt": "<bos>A {a}+{b}=", "target": "second"},
+        discovery={"candidates": 8, "max_heads": 2}, validation={"side_tasks": [side], "bootstrap": 200},
+        export={"out": tmp_path / "export"})
+    proc = subprocess.run([sys.executable, "-m", "headedit", "run", str(recipe)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "COLUMNS": "120"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     validation = json.loads((tmp_path / "export" / "validation.json").read_text())

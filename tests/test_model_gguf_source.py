@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import REAL_MODEL_ID, real_model_path
+from testkit.recipes import recipe_toml
 
 from headedit.errors import ExportError, ModelNotFoundError
 from headedit.export.gguf_bake import check_gguf_edit
@@ -120,10 +121,12 @@ def test_recipe_accepts_a_gguf_file_choice(tmp_path):
     from headedit.errors import RecipeError
     from headedit.recipe import parse_recipe
 
-    text = 'name = "g"\n[model]\nid = "{}"\ngguf_file = "{}"\n[task]\nname = "copy-second"\n'
-    recipe = parse_recipe(text.format(tmp_path, "m.Q4_K_M.gguf"))
+    def text(gguf_file: str) -> str:
+        return recipe_toml("g", model={"id": tmp_path, "gguf_file": gguf_file})
+
+    recipe = parse_recipe(text("m.Q4_K_M.gguf"))
     assert recipe.model.gguf_file == "m.Q4_K_M.gguf"
     with pytest.raises(RecipeError) as err:
-        parse_recipe(text.format(tmp_path, "../x.gguf"))
+        parse_recipe(text("../x.gguf"))
     assert err.value.field == "model.gguf_file"
     shutil.rmtree(tmp_path, ignore_errors=True)

@@ -2,13 +2,10 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
+import testkit.coin  # noqa: F401  (registers coin-test)
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import discovery_fixtures as F  # noqa: E402
+from testkit.models import save_coin_model
 
 torch.set_num_threads(1)
 
@@ -16,7 +13,7 @@ torch.set_num_threads(1)
 def test_bench_discover_three_paths_agree(tmp_path, capsys) -> None:
     from headedit.cli import main
 
-    model = F.save_tiny_model(tmp_path / "model", num_hidden_layers=2)
+    model = save_coin_model(tmp_path / "model", num_hidden_layers=2)
     rc = main(["bench", "discover", "--model", str(model), "--task", "coin-test", "--n", "32",
                "--candidates", "4", "--max-heads", "2"])
     out = capsys.readouterr().out.strip().splitlines()
