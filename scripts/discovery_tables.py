@@ -113,7 +113,11 @@ def main(folder: Path) -> None:
     per_set = cpu_single / (len(heads) + 1)
     rows = []
 
+    rows_scores: dict[str, tuple[np.ndarray, str]] = {}  # screens without early stop, for the removal table
+
     def add(name: str, scores: np.ndarray, cost: str, order: np.ndarray | None = None) -> None:
+        if order is None:
+            rows_scores[name] = (scores, cost)
         row = {"screen": name, "cost": cost}
         for obj in ("accuracy", "margin"):
             for k in (5, 10):
@@ -169,7 +173,35 @@ def main(folder: Path) -> None:
               f"{r['top5_vs_single_accuracy']:.0%} / {r['top10_vs_single_accuracy']:.0%} | "
               f"{r['spearman_vs_single_margin']:.2f} |")
     out["screens"] = rows
+    out["removal"] = removal_table(rows_scores, ref, heads, n)
     (folder / "tables.json").write_text(json.dumps(out, indent=1))
+
+
+def removal_table(scores: dict[str, tuple[np.ndarray, str]], ref: dict[str, np.ndarray], heads: list[str],
+                  n: int) -> list[dict]:
+    """The same screens read the other way (direction = "remove"): the heads whose zeroing lowers the objective
+    most are the candidates, so every ranking is negated. Simplification: the removal margin counts only
+    examples still answered right; here the plain mean change is used for every screen alike."""
+    print(f"\n## Removal direction: screens vs the single screen's largest drops ({len(heads)} heads, n = {n})\n")
+    print("| screen | top-5 / top-10 overlap with single (margin) | with single (accuracy) | "
+          "Spearman vs single (margin) |")
+    print("|---|---|---|---|")
+    rows = []
+    for name, (values, _cost) in scores.items():
+        if np.ptp(values) == 0:  # e.g. a Lasso with every coefficient 0: no ranking to compare
+            rows.append({"screen": name, "constant": True})
+            print(f"| {name} | - (every score equal) | - | - |")
+            continue
+        row = {"screen": name}
+        for obj in ("accuracy", "margin"):
+            for k in (5, 10):
+                row[f"top{k}_vs_single_{obj}"] = len(top(-values, k) & top(-ref[obj], k)) / k
+        row["spearman_vs_single_margin"] = float(stats.spearmanr(values, ref["margin"]).statistic)
+        rows.append(row)
+        print(f"| {name} | {row['top5_vs_single_margin']:.0%} / {row['top10_vs_single_margin']:.0%} | "
+              f"{row['top5_vs_single_accuracy']:.0%} / {row['top10_vs_single_accuracy']:.0%} | "
+              f"{row['spearman_vs_single_margin']:.2f} |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from testkit import coin  # registers coin-test
 from testkit.journal import journal_arrays, search_rows
+from testkit.kill import kill_when
 from testkit.models import save_coin_model
 from testkit.recipes import default_recipe
 
@@ -210,12 +209,7 @@ def test_kill_9_mid_search_resumes_to_the_same_selection(tmp_path):
             ["discover", str(recipe_file), "--out", str(run)]
         proc = subprocess.Popen([sys.executable, "-c", WRAPPER, *args], env=env, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        start = time.monotonic()
-        while proc.poll() is None and search_rows(run) < target and time.monotonic() - start < 120:
-            time.sleep(0.002)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
+        kills += kill_when(proc, lambda target=target: search_rows(run) >= target, timeout=120)
         proc.wait()
         for key, (bits, values) in journal_arrays(run).items():  # every row a prefix of the uninterrupted run's
             ref_bits, ref_values = ref_rows[key]

@@ -3,18 +3,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from testkit import coin  # registers the coin-test task
-from testkit.journal import journal_rows, journal_work
+from testkit.journal import evaluations, journal_rows, journal_work
+from testkit.kill import kill_when
 from testkit.recipes import coin_recipe
 
 from headedit import pipeline  # noqa: E402
@@ -70,21 +68,7 @@ def test_kill_9_mid_screen_then_resume_redoes_nothing(tmp_path, coin_model, fini
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", code, "discover", str(recipe_file), "--out", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    journal = run_dir / "journal.sqlite"
-    killed = False
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if journal.exists():
-            try:
-                with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
-                    partial = db.execute("SELECT COUNT(*) FROM evaluations WHERE heads != '' AND n < 192").fetchone()[0]
-            except sqlite3.Error:
-                partial = 0
-            if partial >= 4:
-                proc.send_signal(signal.SIGKILL)
-                killed = True
-                break
-        time.sleep(0.01)
+    killed = kill_when(proc, lambda: evaluations(run_dir, "heads != '' AND n < 192") >= 4, timeout=120)
     proc.wait(timeout=30)
     assert killed, "discover finished before it could be killed mid-screen"
     assert not (run_dir / "screen.json").exists()  # killed mid-screen

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import testkit.coin  # noqa: F401  (registers the coin-test task)
 import torch
-from testkit.journal import journal_rows, journal_work
-from testkit.kill import descendants
+from testkit.journal import evaluations, journal_rows, journal_work
+from testkit.kill import descendants, kill_when
 from testkit.models import save_coin_model
 from testkit.recipes import coin_recipe
 
@@ -88,25 +85,9 @@ def test_two_process_run_killed_then_resumed_with_one(setup) -> None:
     root, one = setup["root"], setup["one"]
     run_dir = root / "killed"
     proc = _torchrun(root, "discover", str(setup["recipe"]), "--out", str(run_dir))
-    journal = run_dir / "journal.sqlite"
-    killed = False
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if journal.exists():
-            try:
-                with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
-                    rows = db.execute("SELECT COUNT(*) FROM evaluations WHERE heads != ''").fetchone()[0]
-            except sqlite3.Error:
-                rows = 0
-            if rows >= 2:
-                for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun and both workers, at once
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                killed = True
-                break
-        time.sleep(0.01)
+    # torchrun and both workers, at once (the workers run in their own sessions)
+    killed = kill_when(proc, lambda: evaluations(run_dir, "heads != ''") >= 2, timeout=240,
+                       pids=lambda: [proc.pid, *descendants(proc.pid)])
     proc.communicate(timeout=60)
     assert killed, "the 2-process run finished before it could be killed"
     assert not (run_dir / "selection.json").exists()

@@ -47,16 +47,21 @@ def journal_work(run: Path) -> int:
         return 0
 
 
-def search_rows(run: Path) -> int:
-    """Evaluations the search stage has committed (0 before the journal exists)."""
+def evaluations(run: Path, where: str = "1") -> int:
+    """Journal rows matching the SQL condition `where` (0 while the journal does not exist or is mid-write)."""
     try:
         db = _read_only(run)
         try:
-            return int(db.execute("SELECT COUNT(*) FROM evaluations WHERE stage = 'search'").fetchone()[0])
+            return int(db.execute(f"SELECT COUNT(*) FROM evaluations WHERE {where}").fetchone()[0])
         finally:
             db.close()
     except sqlite3.Error:
         return 0
+
+
+def search_rows(run: Path) -> int:
+    """Evaluations the search stage has committed (0 before the journal exists)."""
+    return evaluations(run, "stage = 'search'")
 
 
 def journal_arrays(run: Path) -> dict[tuple[str, str], tuple]:

@@ -87,3 +87,20 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def kill_when(proc: subprocess.Popen, condition: Callable[[], bool], timeout: float,
+              pids: Callable[[], list[int]] | None = None) -> bool:
+    """Poll `condition` every few milliseconds while `proc` runs; when it holds, SIGKILL `pids()` (default: the
+    process alone) at once and return True. False when the process ended or `timeout` passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if condition():
+            for pid in (pids() if pids is not None else [proc.pid]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return True
+        time.sleep(0.003)
+    return False
