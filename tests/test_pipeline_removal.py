@@ -166,7 +166,7 @@ def test_demo_removal_of_copy_first_holds_and_copy_second_is_retained(demo_remov
 def test_a_retain_task_beyond_tolerance_fails_and_export_refuses_without_force(demo_removed, tmp_path):
     """Constructed: a hand-picked set (0.1, which copy-second also needs) replaces the search's choice."""
     from headedit.pipeline import release, select, validate
-    from headedit.pipeline.selectivity import run_export_blocked
+    from headedit.pipeline.export import run_export_blocked
 
     root, _ = demo_removed
     run = tmp_path / "run"
@@ -178,7 +178,7 @@ def test_a_retain_task_beyond_tolerance_fails_and_export_refuses_without_force(d
     assert v["gain_points"] < 0 and v["ci95_points"][1] < 0  # copy-first did fall...
     assert retained["ci95_points"][0] < -2.0 and not retained["within_tolerance"]  # ...but copy-second too
     assert v["passed"] is False and v["verdict"].startswith("removal not selective")
-    assert run_export_blocked(parse_recipe((run / "recipe.toml").read_text()), v, force=False) is not None
+    assert run_export_blocked(v, force=False) is not None
     refused = subprocess.run([*CLI, "export", str(run), "--out", str(tmp_path / "out")], capture_output=True, text=True,
                              env=env(), timeout=600)
     lines = refused.stderr.strip().splitlines()

@@ -162,7 +162,8 @@ def test_headedit_run_end_to_end_on_the_real_model(tmp_path, write_recipe):
         name="smollm2-e2e", model={"id": REAL_MODEL_ID, "dtype": "float32", "device": "cpu", "batch_size": 8},
         task={"name": "hellaswag", "discovery": 16, "heldout": 16},
         discovery={"screen": "gradient", "candidates": 3, "search": "greedy", "beam": 1, "max_heads": 2})
-    done = _cli("run", str(recipe), "--out", str(tmp_path / "run"), "--export", str(tmp_path / "export"),
+    # --force: 16 held-out rows rarely validate a gain; the export (safetensors + edited GGUF) is still checked
+    done = _cli("run", str(recipe), "--out", str(tmp_path / "run"), "--export", str(tmp_path / "export"), "--force",
                 cwd=tmp_path, timeout=1500)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     validation = json.loads((tmp_path / "run" / "validation.json").read_text())

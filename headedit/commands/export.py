@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--push", metavar="REPO", default=None, help="also push to this Hub repo (NAMESPACE/NAME)")
     p.add_argument("--private", action="store_true", default=None, help="create the Hub repo private")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing export folder; export a run whose search found no set (its best rejected set)")
+                   help="replace an existing export folder; export a run whose validation did not pass, or whose search found "
+                        "no set (its best rejected set); the card says so")
     p.set_defaults(func=run)
 
 

@@ -16,7 +16,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="RUN", default=None, help="run folder to create (default runs/<name>-<time>)")
     p.add_argument("--export", metavar="DIR", default=None, help="export folder (default: the recipe's export.out)")
     p.add_argument("--push", action="store_true", help="also push the export to the recipe's export.repo_id")
-    p.add_argument("--force", action="store_true", help="replace an existing export folder")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing export folder; export the selection even if validation did not pass")
     p.set_defaults(func=run)
 
 
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
     console.print(render_validation(result))
     console.print(result["verdict"], soft_wrap=True, markup=False, highlight=False)
     why = "no heads selected" if not result.get("heads") else \
-        f"validation did not pass; `headedit export {path} --force` exports it anyway"  # a removal that failed
+        f"validation did not pass; `headedit export {path} --force` exports it anyway"  # a gain that did not hold, or a removal that failed
     console.print(f"export: {exported if exported else f'(none: {why})'}", soft_wrap=True, markup=False,
                   highlight=False)
     print_outcome(console, path)

@@ -270,8 +270,11 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
     total_heads = n_layers * n_heads if isinstance(n_layers, int) and isinstance(n_heads, int) else "n/a"
     base_text = f"[`{origin.base_model}`](https://huggingface.co/{origin.base_model})" if origin.base_model \
         else f"a model without a known Hub id (`{short}`)"
+    failed = not removal and validation.get("passed") is not True  # a forced export: say so before anything else
     summary = (
-        f"This checkpoint is {base_text} with {len(heads)} attention head(s) zeroed ({heads_text or 'none'}), "
+        (f"**Validation did not pass** ({validation.get('verdict', 'no verdict')}); this export was forced "
+         "(`headedit export --force`), and nothing shows the edit improves the task. " if failed else "")
+        + f"This checkpoint is {base_text} with {len(heads)} attention head(s) zeroed ({heads_text or 'none'}), "
         f"found by headedit {'to remove the capability' if removal else 'for the task'} {task}. Each head's columns of its layer's attention output projection "
         f"(`o_proj.weight[:, h*d:(h+1)*d]`, d = {layout.get('head_dim', 'head_dim')}) are set to zero, which removes "
         "that head's contribution for every input; no weight was trained and no shape changed. "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any, Mapping
 
 from headedit.atomic import atomic_dir, write_text_atomic
 from headedit.errors import ExportError, RunError
@@ -15,7 +16,7 @@ from headedit.export.bake import bake_into, write_manifest
 from headedit.export.card import write_card
 from headedit.export.hub import check_account, check_repo_id, hub_errors, hub_token, push_export, validation_passed
 from headedit.model.loading import resolve_model
-from headedit.pipeline.selectivity import export_refusal
+from headedit.pipeline.selectivity import is_removal
 from headedit.recipe import Recipe
 from headedit.runs import RECIPE_FILE, SCREEN_FILE, SELECTION_FILE, VALIDATION_FILE, Run
 
@@ -40,7 +41,7 @@ def export_run(
     recipe = run.recipe()
     selection = run.selection()
     heads = heads_to_export(run_dir.name, selection, force)
-    export_refusal(run, recipe, force)  # a removal exports only once validation showed it real and selective
+    export_refusal(run, recipe, force)  # a set whose held-out validation failed is not exported unforced
     source = resolve_model(recipe.model.id, recipe.model.revision)
     if push:
         _preflight_push(run_dir, push)
@@ -89,6 +90,32 @@ def heads_to_export(run_name: str, selection: dict, force: bool) -> str:
     return str(rejected["best"])
 
 
+def export_refusal(run: Run, recipe: Recipe, force: bool) -> None:
+    """Refuse (unless `force`) a run whose validation did not pass: a gain that did not hold on held-out data, or a
+    removal that was not real and selective. A removal also needs a validation at all; an improving run may be
+    exported before validating (its card then says it is unvalidated)."""
+    if force:
+        return
+    removal = is_removal(recipe)
+    if not run.has(VALIDATION_FILE):
+        if removal:
+            raise RunError(f"run {run.path.name} removes {recipe.task.name} but was not validated, so nothing shows "
+                           "the removal is real and selective", f"run `headedit validate {run.path}` first, or pass --force")
+        return
+    record = run.read(VALIDATION_FILE)
+    if record.get("passed") is not True and record.get("heads"):
+        default = "the removal did not pass validation" if removal else "the gain did not hold on held-out data"
+        raise RunError(f"run {run.path.name}: {record.get('verdict') or default}",
+                       "nothing exported; --force exports it anyway, with a card that says validation did not pass")
+
+
+def run_export_blocked(result: Mapping[str, Any], force: bool) -> str | None:
+    """Why `headedit run` stops before exporting a set whose validation failed (None: export)."""
+    if force or result.get("passed") is True or not result.get("heads"):
+        return None
+    return f"{result.get('verdict')}; nothing exported (`headedit export RUN --force` exports it anyway)"
+
+
 def _preflight_push(run_dir: Path, repo_id: str) -> None:
     """Refuse a push that cannot succeed (bad repo id, unvalidated run, no/bad/read-only token,
     foreign namespace) before baking, so a refused push leaves no export behind."""
@@ -105,4 +132,4 @@ def _preflight_push(run_dir: Path, repo_id: str) -> None:
         check_account(HfApi(token=secret), repo_id)
 
 
-__all__ = ["export_run", "default_export_dir", "heads_to_export"]
+__all__ = ["export_run", "default_export_dir", "export_refusal", "heads_to_export", "run_export_blocked"]

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from headedit.events import Log, Reporter, null_reporter
 from headedit.pipeline.discover import discover
-from headedit.pipeline.export import export_run
-from headedit.pipeline.selectivity import run_export_blocked
+from headedit.pipeline.export import export_run, run_export_blocked
 from headedit.pipeline.validate import validate_run
 from headedit.recipe import Recipe
 from headedit.runs import Run
@@ -29,7 +28,7 @@ def run(
         reason = Run.open(path).selection().get("reason") or "no head set improved discovery accuracy"
         reporter(Log(f"{reason}; nothing to export"))
         return path, result, None
-    blocked = run_export_blocked(recipe, result, force)  # a removal that failed validation is not exported
+    blocked = run_export_blocked(result, force)  # a set that failed validation is not exported unforced
     if blocked is not None:
         reporter(Log(blocked))
         return path, result, None

@@ -17,13 +17,11 @@ were retained and how far they moved.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from headedit.discovery.direction import REMOVE, retain_names
-from headedit.errors import RunError
 from headedit.export.removal_card import selectivity_line
 from headedit.recipe import Recipe
-from headedit.runs import VALIDATION_FILE, Run
 from headedit.stats import format_p
 
 
@@ -90,25 +88,5 @@ def removal_verdict(recipe: Recipe, rows: Sequence[dict[str, Any]], alpha: float
     return Verdict(dropped and not broken, text, fields)
 
 
-def export_refusal(run: Run, recipe: Recipe, force: bool) -> None:
-    """A removal exports only when its validation passed (or with `force`, the card then saying it did not)."""
-    if force or not is_removal(recipe):
-        return
-    if not run.has(VALIDATION_FILE):
-        raise RunError(f"run {run.path.name} removes {recipe.task.name} but was not validated, so nothing shows the "
-                       "removal is real and selective", f"run `headedit validate {run.path}` first, or pass --force")
-    record = run.read(VALIDATION_FILE)
-    if record.get("passed") is not True:
-        raise RunError(f"run {run.path.name}: {record.get('verdict') or 'the removal did not pass validation'}",
-                       "nothing exported; --force exports it anyway (its card says the removal did not pass)")
-
-
-def run_export_blocked(recipe: Recipe, result: Mapping[str, Any], force: bool) -> str | None:
-    """Why `headedit run` stops before exporting a removal that failed validation (None: export)."""
-    if force or not is_removal(recipe) or result.get("passed") is True or not result.get("heads"):
-        return None
-    return f"{result.get('verdict')}; nothing exported (`headedit export RUN --force` exports it anyway)"
-
-
-__all__ = ["Verdict", "export_refusal", "is_removal", "removal_verdict", "run_export_blocked", "selectivity_line",
+__all__ = ["Verdict", "is_removal", "removal_verdict", "selectivity_line",
            "validation_task_names"]
