@@ -136,3 +136,25 @@ async def test_setup_shows_long_run_names_and_the_layout_whole(tmp_path: Path, d
         assert name in "".join(runs.split()) and "validated" in runs  # wrapped inside the list, never cut
         assert shows(app, setup.query_one("#layout"), "LlamaForCausalLM · 2 layers × 4 heads (4 KV) · head_dim 8")
         footer_shows_every_key(app)
+
+
+async def test_a_failed_validation_greys_out_publishing(tmp_path: Path) -> None:
+    """A set whose gain did not hold is not exported unforced: `p` is shown greyed, pressing it stays here, and the
+    status line says how to export it anyway."""
+    import json
+
+    run = write_run(tmp_path / "runs" / "snap-20250101-000000")
+    record = read_json(run / "validation.json")
+    record.update(passed=False, verdict="gain did not hold on held-out: +0.5 points, 95% CI [-0.4, 1.4]")
+    (run / "validation.json").write_text(json.dumps(record))
+    app = HeadeditApp(runs_root=tmp_path / "runs", recipe_dirs=[])
+    async with app.run_test(size=(120, 24)) as pilot:
+        screen = BakeValidateScreen(run, start=False)
+        await app.push_screen(screen)
+        await pilot.pause()
+        assert screen.check_action("publish", ()) is None  # shown, greyed out
+        assert "did not pass: nothing to publish" in words(region_text(app, screen.query_one("#bake-status")))
+        assert "--force" in words(region_text(app, screen.query_one("#bake-status")))
+        await pilot.press("p")
+        await pilot.pause()
+        assert app.screen is screen

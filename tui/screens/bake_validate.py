@@ -112,8 +112,10 @@ class BakeValidateScreen(StepScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel":
             return self.running
-        if action == "publish":
-            return self.validation is not None and not self.running
+        if action == "publish":  # a set that did not pass is not exported unforced: shown, greyed out
+            if self.validation is None or self.running:
+                return False
+            return True if self.validation.get("passed") is True else None
         return True
 
     def status(self, text: str) -> None:
@@ -141,8 +143,11 @@ class BakeValidateScreen(StepScreen):
 
     def show(self, validation: dict[str, Any]) -> None:
         self.validation = validation
+        passed = validation.get("passed") is True
+        follow = "p continues to publishing" if passed else \
+            f"did not pass: nothing to publish (`headedit export {self.run_dir} --force` exports it anyway)"
         self.status(f"heads {validation.get('heads') or '(none)'} · {validation.get('task')} · "
-                    f"{validation.get('split', 'heldout')} split · p continues to publishing")
+                    f"{validation.get('split', 'heldout')} split · {follow}")
         self.query_one("#results", Static).update(results_table(validation))
         verdict = self.query_one("#verdict", Static)
         verdict.update(("✔ " if validation.get("passed") else "✘ ") + str(validation.get("verdict", "")))
@@ -161,6 +166,9 @@ class BakeValidateScreen(StepScreen):
     def action_publish(self) -> None:
         if self.validation is None:
             self.notify("validation has not finished yet", timeout=2)
+            return
+        if self.validation.get("passed") is not True:
+            self.notify("validation did not pass: `headedit export RUN --force` exports it anyway", timeout=4)
             return
         self.app.open_publish(self.run_dir)  # type: ignore[attr-defined]
 
