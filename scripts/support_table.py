@@ -3,7 +3,7 @@
     python scripts/support_table.py            # print the markdown table
     python scripts/support_table.py --write    # replace the table between README's support-table markers
 
-The rows come from FAMILIES, REFUSED and NOT_VERIFIED in tests/test_model_zoo.py, so the table says exactly
+The rows come from FAMILIES, REFUSED and NOT_VERIFIED in tests/testkit/zoo.py (what tests/test_model_zoo.py runs), so the table says exactly
 what that test checks (tests/test_model_zoo.py::test_readme_support_table_is_generated keeps them equal).
 """
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = ROOT / "tests" / "test_model_zoo.py"
+ZOO = ROOT / "tests" / "testkit" / "zoo.py"
 README = ROOT / "README.md"
 START, END = "<!-- support-table:start -->", "<!-- support-table:end -->"
 
 
 def load_zoo() -> ModuleType:
-    """tests/test_model_zoo.py as a module (tests/ is not a package)."""
+    """tests/testkit/zoo.py as a module (tests/ is not a package)."""
     spec = importlib.util.spec_from_file_location("headedit_model_zoo", ZOO)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

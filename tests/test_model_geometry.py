@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_model_zoo import FAMILIES, build, chosen_heads, logits, tiny_config
+from testkit.zoo import FAMILIES, build, chosen_heads, logits, tiny_config
 
 from headedit.errors import HeadSpecError, ModelLoadError, UnsupportedModelError
 from headedit.export.bake import bake

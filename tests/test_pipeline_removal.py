@@ -211,8 +211,9 @@ def test_addsub_removal_of_addition_retaining_subtraction_is_reported_as_measure
 # ---- kill -9 mid-discovery in the remove direction -------------------------------------------------------
 @pytest.mark.slow
 def test_kill_9_during_removal_discovery_resumes_to_the_same_selection(tmp_path):
-    import test_faults as TF  # the kill-at-N helpers (run_and_kill, journal_rows, journal_work)
     import torch
+    from testkit.journal import journal_rows, journal_totals, journal_work
+    from testkit.kill import run_and_kill
 
     from headedit import pipeline
 
@@ -223,7 +224,7 @@ def test_kill_9_during_removal_discovery_resumes_to_the_same_selection(tmp_path)
         reference = pipeline.discover(parse_recipe(text, tmp_path / "r.toml"), tmp_path / "reference")
     finally:
         torch.set_num_threads(threads)
-    ref_rows, (ref_work, _) = TF.journal_rows(reference), TF.journal_work(reference)
+    ref_rows, (ref_work, _) = journal_rows(reference), journal_totals(reference)
     ref_selection = json.loads((reference / "selection.json").read_text())
     assert any(split.startswith("discovery:retain:") for split, _ in ref_rows)  # the retain checks are journaled
 
@@ -233,17 +234,17 @@ def test_kill_9_during_removal_discovery_resumes_to_the_same_selection(tmp_path)
     for fraction in (0.25, 0.6, 0.9):  # of the uninterrupted run's journaled work: screen, search, retain checks
         args = ["discover", "--resume", str(run)] if (run / "run.json").is_file() else \
             ["discover", str(recipe_file), "--out", str(run)]
-        res = TF.run_and_kill([*CLI, *args], env(), lambda _t, f=fraction: TF.committed_work(run) >= f * ref_work, 0.05)
+        res = run_and_kill([*CLI, *args], env(), lambda _t, f=fraction: journal_work(run) >= f * ref_work, 0.05)
         if not res.killed:
             assert res.returncode == 0, res.stderr[-2000:]
             break
         kills += 1
-        for key, (n, bits) in TF.journal_rows(run).items():  # every row a prefix of the uninterrupted run's
+        for key, (n, bits) in journal_rows(run).items():  # every row a prefix of the uninterrupted run's
             assert key in ref_rows and n <= ref_rows[key][0]
             assert np.array_equal(np.frombuffer(bits, bool), np.frombuffer(ref_rows[key][1], bool)[:n]), key
-    final = TF.run_and_kill([*CLI, "discover", "--resume", str(run)], env(), None)
+    final = run_and_kill([*CLI, "discover", "--resume", str(run)], env(), None)
     assert final.returncode == 0, final.stderr[-2000:]
     assert final.stdout.strip().splitlines()[-1] == f"selected: {ref_selection['heads']}"
     assert json.loads((run / "selection.json").read_text()) == ref_selection
-    assert TF.journal_rows(run) == ref_rows
+    assert journal_rows(run) == ref_rows
     assert kills >= 2
