@@ -6,13 +6,12 @@ the task input).
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headedit.errors import HeadeditError, RecipeError
+from headedit.toml_text import dumps_toml
 
 
 @dataclass(frozen=True)
@@ -97,37 +96,6 @@ def error_field(err: HeadeditError) -> str:
     """The form field a recipe error is about ('' when it is about none of them, or about the whole file)."""
     field = FIELD_BY_KEY.get(getattr(err, "field", None) or "")
     return field.id if field else ""
-
-
-# ---- a tiny TOML writer: recipes hold only strings, numbers, booleans, arrays and inline tables ----
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _key(k: str) -> str:
-    return k if _BARE.match(k) else json.dumps(k)
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }" if v else "{}"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def dumps_toml(data: dict[str, Any]) -> str:
-    lines = [f"{_key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for section, table in data.items():
-        if isinstance(table, dict):
-            lines += ["", f"[{_key(section)}]"]
-            lines += [f"{_key(k)} = {_value(v)}" for k, v in table.items() if v is not None]
-    return "\n".join(lines) + "\n"
 
 
 def recipe_dirs() -> list[Path]:

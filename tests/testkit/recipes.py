@@ -5,27 +5,16 @@ text is the subject.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Union
 
-Value = Union[str, int, float, bool, Path, list, tuple]
+from headedit.toml_text import dumps_toml
+
+Value = Union[str, int, float, bool, Path, list, tuple, None]
 
 
-def _value(v: Value) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, Path):
-        return json.dumps(v.as_posix())
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    return json.dumps(v)
-
-
-def _section(name: str, fields: dict[str, Value]) -> str:
-    return f"[{name}]\n" + "".join(f"{k} = {_value(v)}\n" for k, v in fields.items() if v is not None)
+def _plain(fields: dict[str, Value]) -> dict[str, object]:
+    return {k: v.as_posix() if isinstance(v, Path) else v for k, v in fields.items()}
 
 
 def recipe_toml(name: str = "t", *, model: str | Path | dict[str, Value] = "headedit:demo",
@@ -33,13 +22,13 @@ def recipe_toml(name: str = "t", *, model: str | Path | dict[str, Value] = "head
                 validation: dict[str, Value] | None = None, export: dict[str, Value] | None = None) -> str:
     """A recipe: `model` is an id or the [model] table, `task` a name or the [task] table; other tables only when
     given (fields set to None are left out, so the recipe's default applies)."""
-    model_fields = model if isinstance(model, dict) else {"id": model}
-    task_fields = task if isinstance(task, dict) else {"name": task}
-    parts = [f"name = {_value(name)}\n", _section("model", model_fields), _section("task", task_fields)]
+    data: dict[str, object] = {"name": name,
+                                "model": _plain(model if isinstance(model, dict) else {"id": model}),
+                                "task": _plain(task if isinstance(task, dict) else {"name": task})}
     for table, fields in (("discovery", discovery), ("validation", validation), ("export", export)):
         if fields is not None:
-            parts.append(_section(table, fields))
-    return "".join(parts)
+            data[table] = _plain(fields)
+    return dumps_toml(data)
 
 
 def coin_recipe(model: Path, screen: str = "single", discovery: int = 192, heldout: int = 128, extra: str = "",
