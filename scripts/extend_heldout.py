@@ -8,7 +8,8 @@ the ones `headedit validate` used, pooled with them. For when a validation's int
 The new rows come from the same seeded held-out split (the recipe's seed), none of them among the validated rows
 (nor, like every held-out row, in discovery), evaluated with hook ablation, which gives exactly the baked checkpoint's logits
 (tests/test_real_model.py); the first rows of each shard are also compared with the validation's journaled bits.
-Each shard saves `extend-<i>of<k>.npz` in the run folder after every chunk and resumes from it. The report pools
+Each shard saves `extend-<i>of<k>.npz` (with `--range A:B`, `extend-rA-B.npz`) in the run folder after every
+chunk and resumes from it; the report refuses parts that overlap. The report pools
 validation rows and new rows: accuracy, paired-bootstrap 95% interval, exact McNemar, and the objective's paired
 t interval (headedit.stats / headedit.discovery.objective, as `validate` computes them).
 """
@@ -45,7 +46,7 @@ def shard_rows(first: int, total: int, shard: int, shards: int) -> range:
     return range(first + shard * per, min(total, first + (shard + 1) * per))
 
 
-def evaluate(run: Run, rows: int, shard: int, shards: int, chunk: int) -> None:
+def evaluate(run: Run, rows: int, shard: int, shards: int, chunk: int, span: range | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -63,10 +64,10 @@ def evaluate(run: Run, rows: int, shard: int, shards: int, chunk: int) -> None:
     examples = first + fresh  # [validated rows, then new rows]: positions n_valid.. are what the shards evaluate
     sets = [(), parse_heads(heads)]
     check = loaded.engine.evaluate(loaded.task, first[shard * CHECK_ROWS:(shard + 1) * CHECK_ROWS], sets, objective)[0]
-    span = slice(shard * CHECK_ROWS, (shard + 1) * CHECK_ROWS)
-    assert np.array_equal(check[0], bits0[span]) and np.array_equal(check[1], bits1[span]), "hooks != baked bits"
-    want = shard_rows(n_valid, rows, shard, shards)
-    path = run.file(f"extend-{shard}of{shards}.npz")
+    checked = slice(shard * CHECK_ROWS, (shard + 1) * CHECK_ROWS)
+    assert np.array_equal(check[0], bits0[checked]) and np.array_equal(check[1], bits1[checked]), "hooks != baked bits"
+    want = span if span is not None else shard_rows(n_valid, rows, shard, shards)
+    path = run.file(f"extend-r{want.start}-{want.stop}.npz" if span is not None else f"extend-{shard}of{shards}.npz")
     done = dict(np.load(path)) if path.is_file() else {"index": np.zeros(0, np.int64),
                                                          "bits": np.zeros((2, 0), bool),
                                                          "values": np.zeros((2, 0), np.float32)}
@@ -88,8 +89,10 @@ def evaluate(run: Run, rows: int, shard: int, shards: int, chunk: int) -> None:
 def report(run: Run, rows: int, out: Path | None) -> dict:
     recipe = run.recipe()
     heads, bits0, bits1, vals0, vals1 = validated(run)
-    parts = sorted(run.path.glob("extend-*of*.npz"))
+    parts = sorted(run.path.glob("extend-*.npz"))
     new = [dict(np.load(p)) for p in parts]
+    index = np.concatenate([p["index"] for p in new])
+    assert np.unique(index).size == index.size, "two parts hold the same row"
     extra_bits = np.concatenate([p["bits"] for p in new], axis=1)  # [2, rows]
     extra_vals = np.concatenate([p["values"] for p in new], axis=1)
     assert bits0.size + extra_bits.shape[1] == rows, f"only {bits0.size + extra_bits.shape[1]} of {rows} rows done"
@@ -113,10 +116,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, required=True, help="held-out rows in all, validated ones included")
     ap.add_argument("--shard", default=None, help="i/k: evaluate the i-th of k parts of the new rows")
     ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--range", default=None, help="A:B: evaluate positions A..B-1 (A >= validated rows) instead")
     ap.add_argument("--report", default=None, help="pool what the shards saved and write this JSON")
     args = ap.parse_args()
     run = Run.open(Path(args.run))
-    if args.shard is not None:
+    if args.range is not None:
+        a, b = (int(x) for x in args.range.split(":"))
+        evaluate(run, args.rows, a % 2, 2, args.chunk, span=range(a, b))
+    elif args.shard is not None:
         shard, shards = (int(x) for x in args.shard.split("/"))
         evaluate(run, args.rows, shard, shards, args.chunk)
     else:
