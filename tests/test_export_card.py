@@ -325,3 +325,29 @@ def test_card_command_writes_into_export(hub_export, capsys):
 
 def test_template_ships_with_the_package():
     assert template_path().is_file() and template_path().name == "headedit.md"
+
+
+def test_heatmap_text_names_what_the_screen_measured(hub_export):
+    """A gradient screen on the margin: the heatmap's alt text and caption say so, and a head's score in nats keeps
+    its significant digits (not +0.00)."""
+    _, run, export = hub_export
+    screen = json.loads((run / "screen.json").read_text())
+    screen.update(method="gradient", objective="margin", unit="nats (predicted change in margin)")
+    screen["delta"] = [[0.0, 0.00451, 0.0, -0.002], [0.001, 0.0, -0.0032, 0.0]]
+    (run / "screen.json").write_text(json.dumps(screen))
+    text = str(render_card(export, run))
+    what = "first-order predicted change in the mean per-example margin (correct answer's score minus the best wrong one's)"
+    assert f"heatmap: the {what} when each head is zeroed alone" in text
+    assert f"the\n{what}, in nats" in text
+    assert not any(line.startswith(", in") for line in text.splitlines())
+    assert "layer 0, head 1 (screen: +0.00451 nats" in text and "+0.00 nats" not in text
+    default = str(render_card(*reversed(_accuracy_screen(run, export))))
+    assert "heatmap: the change in discovery accuracy when each head is zeroed alone" in default
+    assert "layer 0, head 1 (screen: +12.50 points" in default
+
+
+def _accuracy_screen(run, export):
+    screen = json.loads((run / "screen.json").read_text())
+    screen.update(method="single", objective="accuracy", unit="points", delta=[[0.0, 12.5, 0.0, 0.0], [0.0, 0.0, 6.25, 0.0]])
+    (run / "screen.json").write_text(json.dumps(screen))
+    return run, export

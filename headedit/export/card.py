@@ -29,6 +29,8 @@ from headedit.export.card_metadata import (
     placeholder_repo_id,
     pts,
     repo_name,
+    screen_delta,
+    screen_quantity,
     versions,
 )
 from headedit.export.provenance import Provenance, provenance
@@ -148,16 +150,6 @@ def _method(run: dict | None, screen: dict | None, search: dict | None, selectio
     if task.get("data_note"):
         lines.append(f"Data: {task['data_note']}")
     return lines
-
-
-def screen_quantity(screen: dict[str, Any]) -> str:
-    """What a screen's delta measures, in words (accuracy by default; the margin objective when used)."""
-    objective = str(screen.get("objective") or "accuracy")
-    if objective in ("accuracy", "acc"):
-        return "change in discovery accuracy"
-    if objective == "margin":
-        return "change in the mean per-example margin (correct answer's score minus the best wrong one's)"
-    return f"change in the discovery {objective}"
 
 
 def damage_line(validation: dict[str, Any]) -> str | None:
@@ -295,8 +287,9 @@ def render_card(export_dir: str | Path, run_dir: str | Path | None = None, repo_
         damage=damage_line(validation), side_effects=[_row(s) for s in side], heads_count=len(heads),
         total_heads=total_heads,
         heads_list=[{"layer": h.layer, "head": h.head,
-                     "delta": pts(delta_at[(h.layer, h.head)]) if (h.layer, h.head) in delta_at else None} for h in heads],
+                     "delta": screen_delta(delta_at.get((h.layer, h.head)), screen)} for h in heads],
         heatmap=bool(delta_at), screen_unit=str((screen or {}).get("unit", "points")),
+        screen_what=screen_quantity(screen or {}),
         screen_objective=str((screen or {}).get("objective") or "accuracy"),
         discovery_n=(screen or {}).get("n") or ((run or {}).get("task") or {}).get("discovery_n", "n/a"),
         method=_method(run, screen, search, selection, validation), repo_id=target, placeholder=repo_id is None,

@@ -100,6 +100,24 @@ def versions(run: dict[str, Any] | None) -> tuple[list[tuple[str, str]], list[tu
     return [kv for kv in items if kv[0] not in NOT_PACKAGES], [kv for kv in items if kv[0] in NOT_PACKAGES]
 
 
+def screen_quantity(screen: dict[str, Any]) -> str:
+    """What a screen's delta measures, in words (accuracy by default; the margin objective when used)."""
+    objective = str(screen.get("objective") or "accuracy")
+    change = "first-order predicted change" if screen.get("method") == "gradient" else "change"
+    if objective in ("accuracy", "acc"):
+        return f"{change} in discovery accuracy"
+    if objective == "margin":
+        return f"{change} in the mean per-example margin (correct answer's score minus the best wrong one's)"
+    return f"{change} in the discovery {objective}"
+
+
+def screen_delta(value: Any, screen: dict[str, Any] | None) -> str | None:
+    """A head's screen score: points to 2 decimals, other units (nats) to 3 significant digits."""
+    if not isinstance(value, (int, float)):
+        return None
+    return pts(value) if str((screen or {}).get("unit", "points")) == "points" else f"{float(value):+.3g}"
+
+
 
 __all__ = ["HUB_DATASETS", "PLACEHOLDER_NAMESPACE", "ci_text", "dataset_of", "eval_results", "p_text",
-           "placeholder_repo_id", "pts", "repo_name", "versions"]
+           "placeholder_repo_id", "pts", "repo_name", "screen_delta", "screen_quantity", "versions"]
