@@ -351,3 +351,15 @@ def _accuracy_screen(run, export):
     screen.update(method="single", objective="accuracy", unit="points", delta=[[0.0, 12.5, 0.0, 0.0], [0.0, 0.0, 6.25, 0.0]])
     (run / "screen.json").write_text(json.dumps(screen))
     return run, export
+
+
+def test_method_names_the_rows_each_stage_used(hub_export):
+    """With `discovery.screen_rows`, the screen's n is its own rows and the search's are the other rows."""
+    _, run, export = hub_export
+    screen = json.loads((run / "screen.json").read_text())
+    (run / "screen.json").write_text(json.dumps({**screen, "n": 16}))
+    selection = json.loads((run / "selection.json").read_text())
+    (run / "selection.json").write_text(json.dumps({**selection, "n": 48, "screen_rows": 16}))
+    text = str(render_card(export, run))
+    assert "on the discovery split of copy-second (n=16, seed 7)" in text
+    assert "- Search on 48 other discovery rows: greedy forward selection" in text

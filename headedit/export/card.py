@@ -132,13 +132,14 @@ def _method(run: dict | None, screen: dict | None, search: dict | None, selectio
         total += int(screen.get("evaluations") or 0)
         lines.append(f"Screen: `{screen.get('method', '?')}` over all {screen.get('num_layers', '?')} x "
                      f"{screen.get('num_heads', '?')} heads on the discovery split of {validation.get('task')} "
-                     f"(n={task.get('discovery_n', 'n/a')}, seed {task.get('seed', 'n/a')}), "
+                     f"(n={screen.get('n') or task.get('discovery_n', 'n/a')}, seed {task.get('seed', 'n/a')}), "
                      f"{screen.get('evaluations', 'n/a')} evaluations; rule: {screen.get('rule', 'n/a')}.")
     if search:
         trace = search.get("trace") or []
         sizes = sorted({int(t["size"]) for t in trace if isinstance(t, dict) and isinstance(t.get("size"), int)})
         total += int(search.get("evaluations") or 0)
-        lines.append(f"Search: {search.get('rule', 'n/a')}; {len(trace)} steps, set sizes {sizes or 'n/a'}, "
+        rows = f" on {selection['n']} other discovery rows" if selection and selection.get("screen_rows") else ""
+        lines.append(f"Search{rows}: {search.get('rule', 'n/a')}; {len(trace)} steps, set sizes {sizes or 'n/a'}, "
                      f"{search.get('evaluations', 'n/a')} evaluations.")
     if selection:
         lines.append(f"Selected: `{selection.get('heads', '')}`, discovery accuracy {_pct(selection.get('intact_acc'))}"
